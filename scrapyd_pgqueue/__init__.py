@@ -1,0 +1,22 @@
+"""A shared Postgres job queue for any number of Scrapyd nodes.
+
+Components are loaded lazily: the crawl subprocess (``scrapyd.runner``) imports this package through the
+egg storage, and importing Twisted's reactor there would break Scrapy's own reactor choice.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+_COMPONENTS = {
+    "PostgresSpiderQueue": "scrapyd_pgqueue.spiderqueue",
+    "PostgresJobStorage": "scrapyd_pgqueue.jobstorage",
+}
+
+__all__ = list(_COMPONENTS)
+
+
+def __getattr__(name):
+    if name in _COMPONENTS:
+        return getattr(importlib.import_module(_COMPONENTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,12 @@
+"""Alembic environment: migrations run on the connection that ``db.migrate`` passes in, under its lock."""
+
+from alembic import context
+
+from scrapyd_pgqueue.models import Base
+
+VERSION_TABLE = "scrapyd_pgqueue_version"
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=Base.metadata, version_table=VERSION_TABLE)
+with context.begin_transaction():
+    context.run_migrations()

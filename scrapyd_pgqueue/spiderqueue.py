@@ -1,0 +1,37 @@
+"""ISpiderQueue over the shared ``spider_job`` table: a few lines over the store, like Scrapyd's own."""
+
+from zope.interface import implementer
+
+from scrapyd.interfaces import ISpiderQueue
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.store import JobStore
+
+
+@implementer(ISpiderQueue)
+class PostgresSpiderQueue:
+    def __init__(self, config, project):
+        settings = pgconfig.settings(config)
+        self.store = JobStore.for_url(settings.database_url)
+        self.node = settings.node_name
+        self.project = project
+
+    def add(self, name, priority=0.0, **spider_args):
+        message = spider_args.copy()
+        message["name"] = name
+        self.store.enqueue(self.project, message, priority)
+
+    def pop(self):
+        claimed = self.store.claim_next_jobs([self.project], 1, node=self.node, worker=pgconfig.WORKER_ID)
+        return claimed[0].message if claimed else None
+
+    def count(self):
+        return self.store.count_pending(self.project)
+
+    def list(self):
+        return self.store.list_pending(self.project)
+
+    def remove(self, func):
+        return self.store.remove_pending(self.project, func)
+
+    def clear(self):
+        self.store.clear_pending(self.project)

@@ -1,0 +1,75 @@
+"""The store's claim under real concurrency: separate OS processes against one table."""
+
+import multiprocessing
+import time
+
+from scrapyd_pgqueue.store import JobStore
+
+CLAIMERS = 8
+JOBS = 5000
+
+
+def _claim_until_empty(url, worker, start_at, results):
+    store = JobStore.for_url(url)
+    time.sleep(max(0.0, start_at - time.time()))  # start all together
+    claimed = []
+    while batch := store.claim_next_jobs(None, 1, node=f"node-{worker}", worker=f"w{worker}"):
+        claimed.extend(job.job for job in batch)
+    results.put(claimed)
+
+
+def test_concurrent_processes_claim_every_job_exactly_once(database_url, admin_connection):
+    store = JobStore.for_url(database_url)
+    for i in range(JOBS):
+        store.enqueue(f"project{i % 3}", {"name": "s", "_job": f"job{i}"}, priority=i % 7)
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    start_at = time.time() + 3
+    processes = [
+        context.Process(target=_claim_until_empty, args=(database_url, worker, start_at, results))
+        for worker in range(CLAIMERS)
+    ]
+    for process in processes:
+        process.start()
+    per_worker = [results.get(timeout=300) for _ in processes]
+    elapsed = time.time() - start_at
+    for process in processes:
+        process.join(30)
+
+    claimed = [job for jobs in per_worker for job in jobs]
+    print(f"{CLAIMERS} processes claimed {len(claimed)} jobs in {elapsed:.2f}s ({len(claimed) / elapsed:.0f}/s)")
+    assert len(claimed) == JOBS  # no loss
+    assert len(set(claimed)) == JOBS  # no duplicate
+    assert sum(1 for jobs in per_worker if jobs) >= 2  # they really competed
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT status, count(*) FROM spider_job GROUP BY status")
+        assert cursor.fetchall() == [("ongoing", JOBS)]
+
+
+def test_claim_takes_global_priority_order_across_projects(database_url):
+    store = JobStore.for_url(database_url)
+    store.enqueue("a", {"name": "s", "_job": "a-low"}, priority=0)
+    store.enqueue("b", {"name": "s", "_job": "b-high"}, priority=10)
+    store.enqueue("c", {"name": "s", "_job": "c-mid"}, priority=5)
+    store.enqueue("a", {"name": "s", "_job": "a-mid"}, priority=5)
+    claimed = store.claim_next_jobs(["a", "b", "c"], 3, node="n", worker="w")
+    assert [job.job for job in claimed] == ["b-high", "c-mid", "a-mid"]
+    assert store.claim_next_jobs(["b", "c"], 5, node="n", worker="w") == []
+    assert [job.job for job in store.claim_next_jobs(None, 5, node="n", worker="w")] == ["a-low"]
+
+
+def test_a_recovered_claim_cannot_be_finished_by_its_late_owner(database_url):
+    store = JobStore.for_url(database_url)
+    store.enqueue("p", {"name": "s", "_job": "j"})
+    [first] = store.claim_next_jobs(None, 1, node="n1", worker="w1")
+    # Another node now holds a newer attempt of the same job (as after a lease recovery).
+    with store.engine.begin() as connection:
+        from sqlalchemy import text
+
+        connection.execute(text("UPDATE spider_job SET status = 'pending'"))
+    [second] = store.claim_next_jobs(None, 1, node="n2", worker="w2")
+    assert second.attempt == first.attempt + 1
+    now = first.message and __import__("datetime").datetime.now()
+    assert not store.finish_job(project="p", spider="s", job="j", start_time=now, end_time=now, claimed=first, worker="w1")
+    assert store.finish_job(project="p", spider="s", job="j", start_time=now, end_time=now, claimed=second, worker="w2")
