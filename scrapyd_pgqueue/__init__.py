@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 _COMPONENTS = {
     "PostgresSpiderQueue": "scrapyd_pgqueue.spiderqueue",
     "PostgresJobStorage": "scrapyd_pgqueue.jobstorage",
+    "PostgresPoller": "scrapyd_pgqueue.poller",
+    "PostgresLauncher": "scrapyd_pgqueue.launcher",
 }
 
 __all__ = list(_COMPONENTS)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import select
 import threading
 from importlib.resources import files
 
+import psycopg2
+from psycopg2 import sql
 from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
@@ -117,3 +120,67 @@ def migrate(engine: Engine) -> None:
         finally:
             connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
             connection.commit()
+
+
+class NotificationListener(threading.Thread):
+    """LISTEN on channels in a thread of its own and hand each notification to ``on_notify(channel, payload)``.
+
+    A thread with a blocking ``select`` rather than a socket watched by Twisted's reactor: libpq closes the
+    socket itself when the server goes away, and an epoll reactor then keeps a stale descriptor registered.
+    Reconnects for ever with a capped backoff and calls ``on_reconnect()`` after each reconnect, since
+    notifications sent while it was away are lost (NOTIFY is a hint; the caller's polling is the floor).
+    """
+
+    def __init__(self, url: str, channels, on_notify, on_reconnect=None, name: str = "pgqueue-listener"):
+        super().__init__(name=name, daemon=True)
+        self.url = url
+        self.channels = list(channels)
+        self.on_notify = on_notify
+        self.on_reconnect = on_reconnect
+        self.stopping = threading.Event()
+        self.connected = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        backoff = 0.2
+        first = True
+        while not self.stopping.is_set():
+            connection = None
+            try:
+                connection = self._connect()
+                self.connected.set()
+                backoff = 0.2
+                if not first and self.on_reconnect is not None:
+                    self.on_reconnect()
+                first = False
+                while not self.stopping.is_set():
+                    if select.select([connection], [], [], 1.0)[0]:
+                        connection.poll()
+                        while connection.notifies:
+                            notify = connection.notifies.pop(0)
+                            self.on_notify(notify.channel, notify.payload)
+            except Exception as e:  # noqa: BLE001 - any failure: reconnect
+                self.connected.clear()
+                log.warning("notification listener on %s lost its connection (%s); reconnecting",
+                            describe(self.url), str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if connection is not None:
+                    connection.close()
+
+    def _connect(self):
+        url = normalise_url(self.url)
+        connection = psycopg2.connect(
+            host=url.host, port=url.port or 5432, user=url.username, password=url.password, dbname=url.database,
+            connect_timeout=CONNECT_TIMEOUT, application_name="scrapyd-pgqueue-listener",
+            keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+            **url.query,
+        )
+        connection.autocommit = True
+        with connection.cursor() as cursor:
+            for channel in self.channels:
+                cursor.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        return connection

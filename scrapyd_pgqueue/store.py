@@ -173,6 +173,18 @@ LIST_TERMINATED = text("""
 COUNT_TERMINATED = text("SELECT count(*) FROM spider_job WHERE status = 'terminated'")
 
 
+# Register this Scrapyd process (or refresh it after a reconnect); its heartbeat starts now.
+REGISTER_NODE = text("""
+    INSERT INTO scrapyd_node (id, name, url, max_proc) VALUES (:worker, :name, :url, :max_proc)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_time = now(), stopped_time = NULL
+""")
+
+# Renew this process's lease on the jobs it runs (database clock: nodes' clocks may disagree).
+HEARTBEAT = text("UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker")
+
+# Mark this process stopped (graceful shutdown).
+STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
+
 # --- operations ------------------------------------------------------------------------------------------------
 
 
@@ -353,6 +365,22 @@ class JobStore:
     def count_terminated(self) -> int:
         with self.engine.connect() as connection:
             return connection.execute(COUNT_TERMINATED).scalar_one()
+
+    @_database_errors
+    def register_node(self, *, worker: str, name: str, url: str | None, max_proc: int | None) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(REGISTER_NODE, {"worker": worker, "name": name, "url": url, "max_proc": max_proc})
+
+    @_database_errors
+    def heartbeat(self, worker: str) -> bool:
+        """Renew the lease; False when the node row is gone (the caller registers again)."""
+        with self.engine.begin() as connection:
+            return connection.execute(HEARTBEAT, {"worker": worker}).rowcount == 1
+
+    @_database_errors
+    def stop_node(self, worker: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(STOP_NODE, {"worker": worker})
 
 
 @functools.cache

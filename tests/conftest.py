@@ -11,6 +11,7 @@ import os
 import uuid
 
 import psycopg2
+from psycopg2 import sql
 import pytest
 from sqlalchemy import make_url
 
@@ -47,7 +48,7 @@ def database_url(postgres_server):
     server_url, _ = postgres_server
     name = f"test_{uuid.uuid4().hex[:12]}"
     with contextlib.closing(_admin(server_url)) as admin, admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')  # name made above, not input
+        cursor.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     # Databases are left for the server's removal: engines of this process may still hold connections.
 

@@ -1,0 +1,261 @@
+"""The benchmark's Postgres: where it comes from, how its tables are filled, and what the server reports.
+
+All values reach SQL as query parameters; the only identifiers put into SQL text are the benchmark's own table
+names, quoted with ``psycopg2.sql.Identifier``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import psycopg2
+from psycopg2 import sql
+from sqlalchemy import make_url
+
+from scrapyd_pgqueue import db, devdb
+
+# The seed article's table, rebuilt as it published it (SQLAlchemy types Integer, Float, LargeBinary, String,
+# DateTime). SEED_TABLE gets one partial index on pending rows so that it reads the head of an index as ours does
+# and the comparison isolates LOCK TABLE against SKIP LOCKED; SEED_TABLE_AS_PUBLISHED has only its primary key.
+SEED_TABLE = "seed_spider_job"
+SEED_TABLE_AS_PUBLISHED = "seed_spider_job_as_published"
+SEED_TABLES = (SEED_TABLE, SEED_TABLE_AS_PUBLISHED)
+
+CREATE_SEED_TABLE = """
+    CREATE TABLE IF NOT EXISTS {table} (
+        id serial PRIMARY KEY,
+        priority double precision,
+        message bytea,
+        status varchar,
+        project varchar,
+        spider varchar,
+        job varchar,
+        start_time timestamp,
+        end_time timestamp
+    )
+"""
+CREATE_SEED_PENDING_INDEX = "CREATE INDEX IF NOT EXISTS {index} ON {table} (priority DESC) WHERE status = 'pending'"
+
+# Pending jobs the way Scrapyd's schedule.json makes them (message = spider args + name + _job + settings),
+# spread over :projects, with ten priority levels interleaved along the ids (7919 is prime: no pattern lines up
+# with the project or spider cycles).
+FILL_SPIDER_JOB = """
+    INSERT INTO spider_job (project, spider, job, priority, message, status, created_time)
+    SELECT project, spider, job, priority,
+           jsonb_build_object('name', spider, '_job', job, 'settings', jsonb_build_object(), 'category', 'bench'),
+           'pending', localtimestamp
+    FROM (
+        SELECT (%(projects)s::text[])[1 + i %% cardinality(%(projects)s::text[])] AS project,
+               'spider' || (i %% 13) AS spider,
+               %(prefix)s || i AS job,
+               ((i * 7919) %% 10)::float8 AS priority
+        FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i
+    ) AS generated
+"""
+
+FILL_SEED_TABLE = """
+    INSERT INTO {table} (priority, message, status, project, spider, job)
+    SELECT ((i * 7919) %% 10)::float8,
+           convert_to(json_build_object('name', 'spider' || (i %% 13), '_job', 'seed-' || i,
+                                        'settings', json_build_object(), 'category', 'bench')::text, 'UTF8'),
+           'pending', %(project)s, 'spider' || (i %% 13), 'seed-' || i
+    FROM generate_series(1, %(count)s) AS i
+"""
+
+TABLE_STATS = """
+    SELECT n_live_tup, n_dead_tup, autovacuum_count, vacuum_count, last_autovacuum, last_vacuum,
+           pg_relation_size(relid) AS heap_bytes,
+           pg_indexes_size(relid) AS indexes_bytes,
+           pg_total_relation_size(relid) AS total_bytes
+    FROM pg_stat_user_tables WHERE relname = %(table)s
+"""
+
+INDEX_SIZES = """
+    SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
+    WHERE relname = %(table)s ORDER BY indexrelname
+"""
+
+SERVER_SETTINGS = (
+    "max_connections",
+    "shared_buffers",
+    "fsync",
+    "synchronous_commit",
+    "autovacuum",
+    "autovacuum_naptime",
+    "autovacuum_vacuum_scale_factor",
+    "autovacuum_vacuum_threshold",
+    "autovacuum_vacuum_insert_threshold",
+)
+
+
+def connect(url: str, autocommit: bool = False):
+    """A plain psycopg2 connection for a SQLAlchemy-style URL (``postgresql+psycopg2://`` accepted)."""
+    parsed = make_url(url)
+    connection = psycopg2.connect(
+        host=parsed.host,
+        port=parsed.port or 5432,
+        user=parsed.username,
+        password=parsed.password,
+        dbname=parsed.database or "postgres",
+        application_name="scrapyd-pgqueue-bench",
+        **parsed.query,
+    )
+    connection.autocommit = autocommit
+    return connection
+
+
+@contextlib.contextmanager
+def admin_connection(url: str) -> Iterator:
+    """An autocommit connection: VACUUM cannot run inside a transaction."""
+    connection = connect(url, autocommit=True)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def benchmark_database(url: str | None, log) -> Iterator[str]:
+    """The URL to benchmark against: a throwaway server removed at the end, or ``url`` left as it was found."""
+    if url is None:
+        log("starting a throwaway Postgres (scrapyd_pgqueue.devdb.throwaway_postgres)")
+        server = devdb.throwaway_postgres()
+        try:
+            yield server.url
+        finally:
+            log("removing the throwaway Postgres")
+            server.remove()
+        return
+    refuse_database_in_use(url)
+    try:
+        yield url
+    finally:
+        drop_benchmark_rows(url)
+
+
+def refuse_database_in_use(url: str) -> None:
+    """The benchmark truncates spider_job: never point it at a database whose queue holds jobs."""
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('spider_job') IS NOT NULL")
+        if not cursor.fetchone()[0]:
+            return
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM spider_job)")
+        if cursor.fetchone()[0]:
+            raise SystemExit(
+                f"refusing to run: spider_job in {db.describe(url)} holds jobs and the benchmark truncates it; "
+                "give the URL of an empty database"
+            )
+
+
+def drop_benchmark_rows(url: str) -> None:
+    """Leave a given database as found: the queue schema empty, the benchmark's own tables gone."""
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        cursor.execute("TRUNCATE spider_job RESTART IDENTITY")
+        for table in SEED_TABLES:
+            cursor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+def prepare_schema(url: str) -> None:
+    """The queue's schema through the package's own migrations, and the seed article's tables."""
+    db.get_engine(url)
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        for table in SEED_TABLES:
+            cursor.execute(sql.SQL(CREATE_SEED_TABLE).format(table=sql.Identifier(table)))
+        cursor.execute(
+            sql.SQL(CREATE_SEED_PENDING_INDEX).format(
+                index=sql.Identifier(f"{SEED_TABLE}_pending_idx"), table=sql.Identifier(SEED_TABLE)
+            )
+        )
+
+
+def fill_spider_job(url: str, count: int, projects: Sequence[str], prefix: str) -> None:
+    """Replace the queue with ``count`` fresh pending jobs, then VACUUM ANALYZE as a settled table would be."""
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        cursor.execute("TRUNCATE spider_job RESTART IDENTITY")
+        insert_pending(cursor, count, projects, prefix, first=1)
+        cursor.execute("VACUUM ANALYZE spider_job")
+
+
+def insert_pending(cursor, count: int, projects: Sequence[str], prefix: str, first: int) -> None:
+    """Add ``count`` pending jobs numbered from ``first`` (job ids ``prefix || n`` must not collide)."""
+    params = {"projects": list(projects), "prefix": prefix, "first": first, "count": count}
+    cursor.execute(FILL_SPIDER_JOB, params)
+
+
+def fill_seed_table(url: str, table: str, count: int, project: str) -> None:
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        name = sql.Identifier(table)
+        cursor.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(name))
+        cursor.execute(sql.SQL(FILL_SEED_TABLE).format(table=name), {"count": count, "project": project})
+        cursor.execute(sql.SQL("VACUUM ANALYZE {}").format(name))
+
+
+def fill_scrapyd_sqlite_queue(dbs_dir: Path, project: str, count: int) -> None:
+    """A fresh ``<dbs_dir>/<project>.db`` as Scrapyd's SqliteSpiderQueue makes it, holding ``count`` jobs."""
+    path = dbs_dir / f"{project}.db"
+    for stale in (path, path.with_name(path.name + "-journal")):
+        stale.unlink(missing_ok=True)
+    connection = sqlite3.connect(path)
+    try:
+        # Scrapyd's own DDL (scrapyd.sqlite.JsonSqlitePriorityQueue); "real key" is a type name, not an index.
+        connection.execute("CREATE TABLE spider_queue (id integer PRIMARY KEY, priority real key, message blob)")
+        rows = (
+            (float((i * 7919) % 10), _scrapyd_sqlite_message(i))
+            for i in range(1, count + 1)
+        )
+        connection.executemany("INSERT INTO spider_queue (priority, message) VALUES (?, ?)", rows)
+        connection.commit()
+    finally:
+        connection.close()
+
+
+def _scrapyd_sqlite_message(i: int) -> bytes:
+    # Encoded as JsonSqlitePriorityQueue.encode does.
+    message = {"name": f"spider{i % 13}", "_job": f"sqlite-{i}", "settings": {}, "category": "bench"}
+    return sqlite3.Binary(json.dumps(message).encode("ascii"))
+
+
+def vacuum(url: str, table: str = "spider_job") -> None:
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        cursor.execute(sql.SQL("VACUUM {}").format(sql.Identifier(table)))
+
+
+def table_stats(url: str, table: str = "spider_job") -> dict:
+    """Dead tuples, vacuum counts and sizes of ``table`` as the server reports them now."""
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        cursor.execute(TABLE_STATS, {"table": table})
+        columns = [column.name for column in cursor.description]
+        stats = dict(zip(columns, cursor.fetchone()))
+        cursor.execute(INDEX_SIZES, {"table": table})
+        stats["index_bytes"] = dict(cursor.fetchall())
+    for key in ("last_autovacuum", "last_vacuum"):
+        stats[key] = stats[key].isoformat() if stats[key] else None
+    return stats
+
+
+def server_description(url: str) -> dict:
+    """Version and the settings that shape these figures, for the results' metadata."""
+    with admin_connection(url) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT version(), current_setting('server_version')")
+        version, short_version = cursor.fetchone()
+        settings = {}
+        for name in SERVER_SETTINGS:
+            cursor.execute("SELECT current_setting(%s)", (name,))
+            settings[name] = cursor.fetchone()[0]
+    return {"version": version, "server_version": short_version, "where": db.describe(url), "settings": settings}
+
+
+def remove_scrapyd_environment() -> list[str]:
+    """Drop variables that would point the benchmark's queues at another database or node name."""
+    from scrapyd_pgqueue import config as pgconfig
+
+    removed = []
+    for name in (pgconfig.DATABASE_URL_VARIABLE, pgconfig.NODE_NAME_VARIABLE):
+        if os.environ.pop(name, None) is not None:
+            removed.append(name)
+    return removed

@@ -1,0 +1,1 @@
+# Spider modules of the example project (listed by `scrapy list`).

@@ -1,0 +1,173 @@
+"""Real Scrapyd nodes on loopback ports, sharing one database: the local cluster and the tests' harness.
+
+Each node gets a directory of its own as working directory and ``HOME`` (Scrapyd reads ``./scrapyd.conf``,
+``~/.scrapyd.conf`` and the nearest ``scrapy.cfg``), the repository's ``scrapyd.cfg`` as ``./scrapyd.conf``,
+and a clean environment, so nodes never read each other's or the user's configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE, NODE_NAME_VARIABLE
+from scrapyd_pgqueue.devdb import free_port
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+NODE_CONFIG = REPOSITORY / "scrapyd.cfg"
+EXAMPLE_PROJECT = REPOSITORY / "example_project"
+# What a node inherits from the caller's environment; everything else (SCRAPYD_*, HOME, ...) is set here.
+INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT", "TMPDIR")
+
+
+class ScrapydNode:
+    """One ``scrapyd`` process."""
+
+    def __init__(self, name: str, directory: Path, database_url: str, config: Mapping[str, str], env: Mapping):
+        self.name = name
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.database_url = database_url
+        self.config = {"node_name": name, **config}  # Scrapyd's own answers read node_name from its config
+        self.extra_env = dict(env)
+        self.process: subprocess.Popen | None = None
+        self.logfile = directory / "scrapyd.log"
+
+    def environment(self) -> dict[str, str]:
+        env = {key: os.environ[key] for key in INHERITED if key in os.environ}
+        pythonpath = [str(EXAMPLE_PROJECT)] if EXAMPLE_PROJECT.is_dir() else []
+        env.update(
+            HOME=str(self.directory),
+            PYTHONPATH=os.pathsep.join(pythonpath + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+            PYTHONUNBUFFERED="1",
+            SCRAPYD_HTTP_PORT=str(self.port),
+            SCRAPYD_BIND_ADDRESS="127.0.0.1",
+            SCRAPYD_NODE_URL=self.url,
+        )
+        env[DATABASE_URL_VARIABLE] = self.database_url
+        env[NODE_NAME_VARIABLE] = self.name
+        env.update(self.extra_env)
+        return env
+
+    def write_config(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "scrapyd.conf").write_text(NODE_CONFIG.read_text())
+        # Scrapy (``scrapy list`` for schedule.json) finds baked-in projects only in a scrapy.cfg [settings].
+        (self.directory / "scrapy.cfg").unlink(missing_ok=True)
+        (self.directory / "scrapy.cfg").symlink_to("scrapyd.conf")
+        # Per-node overrides in ~/.scrapyd.conf, which Scrapyd reads after ./scrapyd.conf.
+        overrides = "".join(f"{key} = {value}\n" for key, value in self.config.items())
+        (self.directory / ".scrapyd.conf").write_text(f"[scrapyd]\n{overrides}")
+
+    def start(self) -> None:
+        self.write_config()
+        with open(self.logfile, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "scrapyd", "--pidfile="],
+                cwd=self.directory,
+                env=self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in a terminal reaches the cluster command, which stops nodes
+            )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(f"node {self.name} exited at start-up; see {self.logfile}:\n{self.log_tail()}")
+            try:
+                self.get("daemonstatus.json", timeout=2)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"node {self.name} not ready after {timeout}s:\n{self.log_tail()}") from None
+                time.sleep(0.1)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        """Stop the node (SIGTERM: graceful) and wait for it; SIGKILL if it does not stop in time."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL the node process alone, as a crash would (its crawls are left orphaned)."""
+        self.stop(signal.SIGKILL)
+
+    # --- HTTP API ----------------------------------------------------------------------------------------------
+
+    def get(self, endpoint: str, timeout: float = 30, **params) -> dict:
+        query = urllib.parse.urlencode(params, doseq=True)
+        with urllib.request.urlopen(f"{self.url}{endpoint}?{query}", timeout=timeout) as response:
+            return json.load(response)
+
+    def post(self, endpoint: str, timeout: float = 30, **params) -> dict:
+        data = urllib.parse.urlencode(params, doseq=True).encode()
+        with urllib.request.urlopen(f"{self.url}{endpoint}", data=data, timeout=timeout) as response:
+            return json.load(response)
+
+
+class LocalCluster:
+    """N Scrapyd nodes on loopback sharing ``database_url``; a context manager that stops them all."""
+
+    def __init__(
+        self,
+        database_url: str,
+        nodes: int = 3,
+        *,
+        directory: str | Path | None = None,
+        config: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        name_prefix: str = "node",
+    ):
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="scrapyd-pgqueue-cluster-"))
+        self.nodes = [
+            ScrapydNode(f"{name_prefix}{i}", self.directory / f"{name_prefix}{i}", database_url, config or {}, env or {})
+            for i in range(1, nodes + 1)
+        ]
+
+    def start(self, timeout: float = 60.0) -> LocalCluster:
+        for node in self.nodes:
+            node.start()
+        for node in self.nodes:
+            node.wait_ready(timeout)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

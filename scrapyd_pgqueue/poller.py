@@ -1,0 +1,113 @@
+"""IPoller for a shared queue: one global claim per tick, woken at once by NOTIFY, never stalls.
+
+Scrapyd's QueuePoller walks projects, counts each queue every tick and stops for good the first time a
+shared queue's ``pop()`` returns None or raises. This poller claims as many jobs as the node has free slots,
+across every project it can run, in one statement in global priority order; a tick with nothing to do is
+one index probe, whatever the number of projects.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import defer, threads
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from scrapyd.interfaces import IPoller
+from scrapyd.utils import get_spider_queues
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.db import NotificationListener
+from scrapyd_pgqueue.store import NOTIFY_CHANNEL, ClaimedJob, JobStore
+
+log = Logger()
+
+
+@implementer(IPoller)
+class PostgresPoller:
+    def __init__(self, config):
+        self.config = config
+        self.settings = pgconfig.settings(config)
+        self.store = JobStore.for_url(self.settings.database_url)
+        self.dq = defer.DeferredQueue()
+        self.claims: dict[tuple[str, str], ClaimedJob] = {}  # handed to the launcher with each message
+        self.claiming = False
+        self.claim_again = False
+        self.accepting = True
+        self.listener: NotificationListener | None = None
+        self.update_projects()
+
+    def update_projects(self):
+        self.queues = get_spider_queues(self.config)
+
+    def next(self):
+        """A Deferred fired with the next message for a free process slot (called once per free slot)."""
+        from twisted.internet import reactor
+
+        waiting = self.dq.get()
+        reactor.callLater(0, self.poll)  # a slot just freed: fill it now, not at the next tick
+        return waiting
+
+    def poll(self):
+        """Claim jobs for the free slots. Never raises: an error is logged and the next tick tries again."""
+        if self.listener is None:
+            self.start_listening()
+        if self.claiming:  # a claim is under way: run one more after it, it may have missed new jobs
+            self.claim_again = True
+            return None
+        self.claiming = True
+        return self._claim().addBoth(self._claimed)
+
+    def _claim(self):
+        free_slots = len(self.dq.waiting) if self.accepting else 0
+        projects = list(self.queues)
+        if not free_slots or not projects:
+            return defer.succeed([])
+        return threads.deferToThread(
+            self.store.claim_next_jobs,
+            projects,
+            free_slots,
+            node=self.settings.node_name,
+            worker=pgconfig.WORKER_ID,
+        )
+
+    def _claimed(self, result):
+        self.claiming = False
+        if isinstance(result, Failure):
+            log.error("Claiming jobs failed, trying again next tick: {error}", error=result.getErrorMessage())
+            return None
+        for claimed in result:
+            message = dict(claimed.message)
+            message["_project"] = claimed.project
+            message["_spider"] = message.pop("name")
+            message.setdefault("_job", claimed.job)
+            self.claims[(claimed.project, message["_job"])] = claimed
+            self.dq.put(message)
+        if self.claim_again:
+            self.claim_again = False
+            return self.poll()
+        return None
+
+    def take_claim(self, message) -> ClaimedJob | None:
+        """The claim behind a message this poller handed out (the launcher makes its writes conditional on it)."""
+        return self.claims.pop((message["_project"], message["_job"]), None)
+
+    # --- wake-up ---------------------------------------------------------------------------------------------
+
+    def start_listening(self):
+        """Start a claim as soon as any node enqueues a job, instead of at the next tick."""
+        from twisted.internet import reactor
+
+        if not self.settings.listen_notify:
+            return
+
+        def wake(*_):
+            reactor.callFromThread(self.poll)
+
+        self.listener = NotificationListener(self.settings.database_url, [NOTIFY_CHANNEL], wake, on_reconnect=wake)
+        self.listener.start()
+
+    def stop(self):
+        """Stop claiming (graceful shutdown) and stop listening."""
+        self.accepting = False
+        if self.listener is not None:
+            self.listener.stop()
