@@ -13,6 +13,7 @@ _COMPONENTS = {
     "PostgresJobStorage": "scrapyd_pgqueue.jobstorage",
     "PostgresPoller": "scrapyd_pgqueue.poller",
     "PostgresLauncher": "scrapyd_pgqueue.launcher",
+    "PostgresEggStorage": "scrapyd_pgqueue.eggstorage",
 }
 
 __all__ = list(_COMPONENTS)

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from scrapyd_pgqueue import admin
 from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE
 
 
@@ -29,16 +30,18 @@ def run_cluster(args: argparse.Namespace) -> int:
     from scrapyd_pgqueue import db, devdb
     from scrapyd_pgqueue.cluster import LocalCluster
 
-    server = None
-    url = args.database_url
-    if not url:
-        print("No database URL given: starting a throwaway Postgres ...", flush=True)
-        server = devdb.throwaway_postgres()
-        url = server.url
-    config = {"max_proc": str(args.max_proc), "poll_interval": str(args.poll_interval)}
-    cluster = LocalCluster(url, args.nodes, directory=args.directory, config=config)
+    # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored, and Python keeps it ignored.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+    server = cluster = None
     try:
+        url = args.database_url
+        if not url:
+            print("No database URL given: starting a throwaway Postgres ...", flush=True)
+            server = devdb.throwaway_postgres()
+            url = server.url
+        config = {"max_proc": str(args.max_proc), "poll_interval": str(args.poll_interval)}
+        cluster = LocalCluster(url, args.nodes, directory=args.directory, config=config)
         db.get_engine(url)  # migrate once, and fail early with a clear message
         cluster.start()
         print(f"Database: {db.describe(url)}{' (throwaway)' if server else ''}")
@@ -55,7 +58,11 @@ def run_cluster(args: argparse.Namespace) -> int:
         print("\nStopping ...", flush=True)
         return 0
     finally:
-        cluster.stop()
+        # A second Ctrl-C must not cut the clean-up short and leave nodes or the database behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if cluster is not None:
+            cluster.stop()
         if server is not None:
             server.remove()
 
@@ -84,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser("migrate", help="create or upgrade the database schema")
     database_url_argument(migrate, required=True)
     migrate.set_defaults(run=run_migrate)
+
+    admin.add_commands(commands, database_url_argument)  # status, requeue, cancel, prune
     return parser
 
 

@@ -1,8 +1,9 @@
 """Real Scrapyd nodes on loopback ports, sharing one database: the local cluster and the tests' harness.
 
 Each node gets a directory of its own as working directory and ``HOME`` (Scrapyd reads ``./scrapyd.conf``,
-``~/.scrapyd.conf`` and the nearest ``scrapy.cfg``), the repository's ``scrapyd.cfg`` as ``./scrapyd.conf``,
-and a clean environment, so nodes never read each other's or the user's configuration.
+``~/.scrapyd.conf`` and the nearest ``scrapy.cfg``), the repository's ``scrapyd.cfg`` as ``./scrapyd.conf``
+(and as ``~/.scrapy.cfg`` for Scrapy), and a clean environment, so nodes never read each other's or the
+user's configuration.
 """
 
 from __future__ import annotations
@@ -64,13 +65,19 @@ class ScrapydNode:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "scrapyd.conf").write_text(NODE_CONFIG.read_text())
         # Scrapy (``scrapy list`` for schedule.json) finds baked-in projects only in a scrapy.cfg [settings].
+        # ~/.scrapy.cfg, which Scrapyd does not read (as /etc/scrapy.cfg in the image): a ./scrapy.cfg would be
+        # Scrapyd's "nearest scrapy.cfg", read last, and its [scrapyd] section would undo the overrides below.
         (self.directory / "scrapy.cfg").unlink(missing_ok=True)
-        (self.directory / "scrapy.cfg").symlink_to("scrapyd.conf")
+        (self.directory / ".scrapy.cfg").unlink(missing_ok=True)
+        (self.directory / ".scrapy.cfg").symlink_to("scrapyd.conf")
         # Per-node overrides in ~/.scrapyd.conf, which Scrapyd reads after ./scrapyd.conf.
         overrides = "".join(f"{key} = {value}\n" for key, value in self.config.items())
         (self.directory / ".scrapyd.conf").write_text(f"[scrapyd]\n{overrides}")
 
     def start(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            # A second process could not bind the port, and the first would be forgotten and never stopped.
+            raise RuntimeError(f"node {self.name} is already running (pid {self.process.pid})")
         self.write_config()
         with open(self.logfile, "ab") as log:
             self.process = subprocess.Popen(
@@ -106,6 +113,12 @@ class ScrapydNode:
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
         self.process.send_signal(sig)
+        return self.wait_stopped(timeout)
+
+    def wait_stopped(self, timeout: float = 30.0) -> int | None:
+        """Wait for the node process to exit; SIGKILL it if it has not within ``timeout``."""
+        if self.process is None:
+            return None
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -115,6 +128,27 @@ class ScrapydNode:
     def kill(self) -> None:
         """SIGKILL the node process alone, as a crash would (its crawls are left orphaned)."""
         self.stop(signal.SIGKILL)
+
+    def end_crawls(self, timeout: float = 3.0) -> None:
+        """End the crawls a stopped node left running: Scrapyd does not stop its crawls when it stops.
+
+        The node leads a process group of its own (``start_new_session``), which its crawls inherit.
+        SIGTERM first (Scrapy closes the spider), SIGKILL for what is still there after ``timeout``.
+        """
+        if self.process is None or self.process.poll() is None:
+            return  # never started, or still running: its crawls are its own business
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return  # the group is empty
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(self.process.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.1)
 
     # --- HTTP API ----------------------------------------------------------------------------------------------
 
@@ -158,9 +192,11 @@ class LocalCluster:
     def stop(self) -> None:
         for node in self.nodes:
             if node.process is not None and node.process.poll() is None:
-                node.process.send_signal(signal.SIGTERM)
+                node.process.send_signal(signal.SIGTERM)  # all at once; a second SIGTERM makes twistd complain
         for node in self.nodes:
-            node.stop()
+            node.wait_stopped()
+        for node in self.nodes:
+            node.end_crawls()
 
     def __enter__(self) -> LocalCluster:
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DATABASE_URL_OPTION = "database_url"
 DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
@@ -25,7 +25,7 @@ class ConfigurationError(RuntimeError):
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str
+    database_url: str = field(repr=False)  # holds the password: never in a log line
     node_name: str
     finished_to_keep: int = 100
     # Seconds without a heartbeat after which a node's ongoing jobs are recovered by any live node.
@@ -35,6 +35,12 @@ class Settings:
     max_attempts: int = 3
     # Whether the poller listens for NOTIFY to start jobs at once; polling stays as the floor.
     listen_notify: bool = True
+    # Seconds a stopping node (SIGTERM) lets its crawls run on before it hands them back to the queue.
+    stop_timeout: float = 5.0
+    # Pending jobs listjobs.json returns when not given pending_limit: a huge backlog stays fast to list.
+    listjobs_pending_limit: int = 1000
+    # Bytes of a finished job's log (its tail) stored in the database for every node to serve; 0: none.
+    log_max_bytes: int = 1024 * 1024
 
 
 def _get(config, option, default=None):
@@ -74,4 +80,7 @@ def settings(config=None) -> Settings:
         heartbeat_interval=number("heartbeat_interval", 5.0),
         max_attempts=number("max_attempts", 3, int),
         listen_notify=str(_get(config, "listen_notify", "on")).lower() not in ("off", "false", "no", "0"),
+        stop_timeout=number("stop_timeout", 5.0),
+        listjobs_pending_limit=number("listjobs_pending_limit", 1000, int),
+        log_max_bytes=number("log_max_bytes", 1024 * 1024, int),
     )

@@ -25,8 +25,11 @@ CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
 STATEMENT_TIMEOUT_MS = 15_000  # no queue statement legitimately runs longer
 # Key of the session advisory lock that serialises migrations between nodes starting together.
 MIGRATION_LOCK_KEY = 0x5C4A_9D0B
+# Alembic's table recording the schema's revision.
+VERSION_TABLE = "scrapyd_pgqueue_version"
 
 _engines: dict[tuple[int, str], Engine] = {}
+_migrated: set[tuple[int, str]] = set()  # engines whose schema this process has brought to the newest version
 _engines_lock = threading.Lock()
 
 
@@ -47,11 +50,16 @@ def describe(url: str | URL) -> str:
     return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
 
 
-def get_engine(url: str, application_name: str = "scrapyd-pgqueue") -> Engine:
-    """The process's engine for ``url``, created (and the schema migrated) on first use."""
+def get_engine(url: str, application_name: str = "scrapyd-pgqueue", migrate_schema: bool = True) -> Engine:
+    """The process's engine for ``url``, created (and the schema migrated) on first use.
+
+    ``migrate_schema=False`` is for the crawl subprocess, which only reads eggs from a schema its node has
+    migrated: the migration check costs about 0.4 s of Alembic start-up in every crawl. A later call without it
+    still migrates the same engine once.
+    """
     key = (os.getpid(), url)
     engine = _engines.get(key)
-    if engine is not None:
+    if engine is not None and (key in _migrated or not migrate_schema):
         return engine
     with _engines_lock:
         if key not in _engines:
@@ -72,9 +80,11 @@ def get_engine(url: str, application_name: str = "scrapyd-pgqueue") -> Engine:
                     "keepalives_count": 3,
                 },
             )
-            with translate_errors(engine.url):
-                migrate(engine)
             _engines[key] = engine
+        if migrate_schema and key not in _migrated:
+            with translate_errors(_engines[key].url):
+                migrate(_engines[key])
+            _migrated.add(key)
         return _engines[key]
 
 
@@ -103,19 +113,47 @@ def _alembic_config():
     return config
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest version; safe when many nodes start at the same instant."""
-    from alembic import command
+def _schema_revisions(connection) -> set[str]:
+    from alembic.runtime.migration import MigrationContext
 
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    revisions = set(context.get_current_heads())
+    connection.rollback()
+    return revisions
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest version; safe when many nodes start at the same instant.
+
+    A current schema is only read: no lock and no DDL, so nodes may use a role without the right to change
+    the schema once ``scrapyd-pgqueue migrate`` has run as its owner.
+    """
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    config = _alembic_config()
+    newest = set(ScriptDirectory.from_config(config).get_heads())
     with engine.connect() as connection:
+        current = _schema_revisions(connection)
+        if current == newest:
+            return
         # A session lock (held across the migration's own transaction): the other nodes wait, then find
         # the schema current and do nothing.
         connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         connection.commit()
         try:
-            config = _alembic_config()
             config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+            try:
+                command.upgrade(config, "head")
+            except DBAPIError as e:
+                if getattr(e.orig, "pgcode", None) != "42501":  # insufficient_privilege
+                    raise
+                connection.rollback()
+                raise DatabaseError(
+                    f"database at {describe(engine.url)}: the schema is at revision {sorted(current) or 'none'}, "
+                    f"this version of scrapyd_pgqueue needs {sorted(newest)}, and this database role may not "
+                    "change it: run `scrapyd-pgqueue migrate` once as the schema's owner"
+                ) from None
             connection.commit()
         finally:
             connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})

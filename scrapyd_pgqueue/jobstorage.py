@@ -1,19 +1,26 @@
 """IJobStorage over the shared ``spider_job`` table: finished jobs of the whole cluster.
 
-Never stores ``job.env``: it is a copy of the node's environment, database password included.
+Never stores ``job.env``: it is a copy of the node's environment, database password included. Stores the tail of
+each finished job's log (``log_max_bytes``), so that every node can serve it (``Logs`` in webservice.py).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass, field
 
+from twisted.logger import Logger
 from zope.interface import implementer
 
+from scrapyd.exceptions import DirectoryTraversalError
 from scrapyd.interfaces import IJobStorage
+from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.models import FINISHED
-from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.store import ClusterStore, JobStore
+
+log = Logger()
 
 
 @dataclass
@@ -41,10 +48,16 @@ class PostgresJobStorage:
         self.store = JobStore.for_url(settings.database_url)
         self.node = settings.node_name
         self.finished_to_keep = settings.finished_to_keep
+        self.cluster_store = ClusterStore.for_url(settings.database_url)
+        self.logs_dir = config.get("logs_dir", "logs") if config is not None else ""
+        self.log_max_bytes = settings.log_max_bytes
 
     def add(self, job):
+        claimed = getattr(job, "claimed", None)
+        if claimed is not None:
+            self.save_log(job)  # first: once any node reports the job finished, its log is there to serve
         # A job from our launcher carries its claim, so a late finish cannot overwrite a newer attempt.
-        self.store.finish_job(
+        recorded = self.store.finish_job(
             project=job.project,
             spider=job.spider,
             job=job.job,
@@ -58,7 +71,32 @@ class PostgresJobStorage:
             claimed=getattr(job, "claimed", None),
             worker=pgconfig.WORKER_ID,
         )
+        if not recorded:
+            log.warn("Job {job} of project {project} ended here, but this node's lease on it expired and another "
+                     "attempt took it over: its result is not recorded", job=job.job, project=job.project)
+        if claimed is None:
+            self.save_log(job)  # a job known by its id only: its row may exist only now
         self.store.prune_terminated(self.finished_to_keep)
+
+    def save_log(self, job):
+        """Store the tail of the job's log file, if this node has one; a retried ``add`` stores it again."""
+        if not self.logs_dir or self.log_max_bytes <= 0:
+            return
+        try:
+            path = get_file_path(self.logs_dir, job.project, job.spider, f"{job.job}.log").path
+            with open(path, "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                file.seek(max(0, size - self.log_max_bytes))
+                tail = file.read(self.log_max_bytes)
+        except (OSError, DirectoryTraversalError):
+            return  # no log: the crawl never started
+        if size > len(tail):
+            tail = (f"[first {size - len(tail)} of {size} bytes left out (log_max_bytes); the whole log is in "
+                    f"logs_dir on node {self.node}]\n").encode() + tail
+        self.cluster_store.save_log(
+            project=job.project, job=job.job, log=tail, size=size, claimed=getattr(job, "claimed", None),
+            worker=pgconfig.WORKER_ID,
+        )
 
     def list(self):
         return list(self)

@@ -4,6 +4,18 @@ Over Scrapyd's Launcher it adds: the node's registration and heartbeat (its leas
 name and pid on the row when the crawl starts, the exit code and outcome when it ends, a failed row (with the
 reason) when the crawl cannot even be spawned, and finishes that are buffered and retried while the database
 is away. Whatever fails, the slot asks the poller for its next job.
+
+Leases: a thread of its own (``LeaseKeeper``) renews this process's lease on its jobs every heartbeat and
+recovers the jobs of other processes whose lease expired, but only once this node's own heartbeats have
+succeeded without a break for a whole lease. After an outage longer than the lease every node's heartbeat is
+stale; the first node back must not take the jobs of nodes that are alive and simply have not beaten again yet.
+Waiting one unbroken lease gives each of them that lease to do so (the heartbeat interval is much shorter), so
+only nodes that are really gone lose their jobs. The reactor's upkeep hands back claims this node has no crawl
+for (a claim whose reply was lost with its connection).
+
+Graceful stop (SIGTERM): stop claiming, let running crawls go on for up to ``stop_timeout`` seconds, record
+the ones that end, then kill what still runs and hand it back to the queue (the attempt stays counted; once
+``max_attempts`` are used up the job ends as 'interrupted'). Only then is the node marked stopped.
 """
 
 from __future__ import annotations
@@ -12,27 +24,40 @@ import datetime
 import os
 import socket
 import sys
+import threading
+import time
 
 from twisted.application.internet import TimerService
-from twisted.internet import error, reactor, threads
+from twisted.internet import defer, error, reactor, task, threads
 from twisted.logger import Logger
 
 from scrapyd.interfaces import IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.models import FAILED, FINISHED
+from scrapyd_pgqueue.events import ClusterEvents
+from scrapyd_pgqueue.models import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.store import JobStore
 
 log = Logger()
+
+# A claim this old that the node runs no crawl for was lost on its way back (the connection died after the commit):
+# far longer than a claim can take (connect and statement timeouts), so a claim still on its way is never taken.
+FORGOTTEN_CLAIM_AGE = datetime.timedelta(seconds=60)
+# Seconds a stopping node waits for killed crawls to end, and for buffered finishes to be written.
+KILL_WAIT = 5.0
+FLUSH_BEFORE_EXIT_WAIT = 5.0
 
 
 class PostgresProcessProtocol(ScrapyProcessProtocol):
     """A crawl process that remembers how it ended."""
 
     claimed = None  # the poller's ClaimedJob: finishing the row is conditional on it
+    handed_back = False  # killed by a stopping node and handed back to the queue: not recorded
     exit_code = None
     outcome = None
     reason = None
+    cancels_delivered = 0  # cancel requests (cancel.json on any node) signalled to this crawl; see events.py
+    cancel_signal = None  # the signal of the latest one
 
     def processEnded(self, status):
         if isinstance(status.value, error.ProcessDone):
@@ -42,6 +67,9 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
             signal = getattr(status.value, "signal", None)
             self.outcome = FAILED
             self.reason = f"killed by signal {signal}" if signal else f"exit code {self.exit_code}"
+        if self.cancel_signal is not None:  # however it exits, a crawl stopped by cancel.json was cancelled
+            self.outcome = CANCELLED
+            self.reason = f"cancelled (signal {self.cancel_signal}); {self.reason or 'exit code 0'}"
         super().processEnded(status)
 
 
@@ -53,7 +81,11 @@ class PostgresLauncher(Launcher):
         self.url = self._node_url(config)
         self.unrecorded: list[ScrapyProcessProtocol] = []  # finished jobs whose finish is not written yet
         self.flushing = False
-        self.heartbeat = TimerService(self.settings.heartbeat_interval, self.keep_alive)
+        self.upkeep = TimerService(self.settings.heartbeat_interval, self.keep_up)
+        self.lease = LeaseKeeper(self)
+        self.events = ClusterEvents(self)  # cancel requests and egg changes from other nodes
+        self.stopping = False
+        self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
 
     @staticmethod
     def _node_url(config):
@@ -69,19 +101,67 @@ class PostgresLauncher(Launcher):
 
     def startService(self):
         self.register()
-        self.heartbeat.startService()
+        self.lease.start()
+        self.events.start()
+        self.upkeep.startService()
         super().startService()
 
     def stopService(self):
+        """Graceful stop (see the module's docstring); twistd waits for the returned Deferred."""
+        self.stopping = True
         stop_claiming = getattr(self.poller, "stop", None)
         if stop_claiming is not None:
             stop_claiming()
-        self.heartbeat.stopService()
+        stopping = self._stop_gracefully()
+        stopping.addErrback(lambda failure: log.failure("Graceful stop failed", failure))
+        stopping.addBoth(lambda _: self.events.stop())  # after the crawls: they can still be cancelled meanwhile
+        return stopping.addBoth(lambda _: super(PostgresLauncher, self).stopService())
+
+    @defer.inlineCallbacks
+    def _stop_gracefully(self):
+        if self.processes:
+            log.info("Stopping: letting {count} crawls run for up to {seconds}s", count=len(self.processes),
+                     seconds=self.settings.stop_timeout)
+            yield self._wait_until(lambda: not self.processes, self.settings.stop_timeout)
+        left = list(self.processes.values())
+        for process in left:
+            process.handed_back = True
+            try:
+                process.transport.signalProcess("KILL")
+            except error.ProcessExitedAlready:
+                pass
+        yield self._wait_until(lambda: not self.processes, KILL_WAIT)
+        yield self._wait_until(lambda: not self.unrecorded, FLUSH_BEFORE_EXIT_WAIT, retry=self._flush_unrecorded)
+        claims = [process.claimed for process in left if process.claimed is not None] + self.unstarted
         try:
-            self.store.stop_node(pgconfig.WORKER_ID)
+            handed_back = yield threads.deferToThread(
+                self.store.hand_back, claims, worker=pgconfig.WORKER_ID, node=self.settings.node_name,
+                max_attempts=self.settings.max_attempts,
+            )
+        except Exception as e:  # noqa: BLE001 - the lease expires instead, and another node recovers them
+            log.error("Could not hand back {count} jobs; they are recovered when this node's lease expires: {error}",
+                      count=len(claims), error=e)
+            return
+        finally:
+            self.upkeep.stopService()
+            self.lease.stop()
+        self._log_released(handed_back, "was handed back by this stopping node")
+        if self.unrecorded:
+            return  # their jobs are still ongoing: keep the node unstopped, so only its lease expiry recovers them
+        try:
+            yield threads.deferToThread(self.store.stop_node, pgconfig.WORKER_ID)
         except Exception as e:  # noqa: BLE001 - shutting down regardless
             log.error("Could not mark this node stopped: {error}", error=e)
-        return super().stopService()
+
+    @staticmethod
+    @defer.inlineCallbacks
+    def _wait_until(done, seconds, retry=None):
+        """Fire once ``done()`` holds or ``seconds`` have passed, calling ``retry()`` (if given) between checks."""
+        deadline = reactor.seconds() + seconds
+        while not done() and reactor.seconds() < deadline:
+            if retry is not None:
+                retry()
+            yield task.deferLater(reactor, 0.1, lambda: None)
 
     def register(self):
         try:
@@ -91,16 +171,31 @@ class PostgresLauncher(Launcher):
         except Exception as e:  # noqa: BLE001 - the heartbeat registers again once the database answers
             log.error("Could not register this node: {error}", error=e)
 
-    def keep_alive(self):
-        """Renew the lease (off the reactor thread), then retry finishes that could not be written before."""
+    def keep_up(self):
+        """Retry finishes not written yet, then hand back claims this node runs nothing for (off the reactor)."""
         self._flush_unrecorded()
-        return threads.deferToThread(self._renew_lease).addErrback(
-            lambda failure: log.error("Heartbeat failed: {error}", error=failure.getErrorMessage())
+        self.events.check()  # cancel requests and egg changes whose NOTIFY this node missed
+        if self.stopping or self.lease.healthy_since is None:
+            return None  # a stopping node hands its claims back itself; a database that is away is left alone
+        running = [*self.processes.values(), *self.unrecorded]
+        known_ids = {process.claimed.id for process in running if process.claimed is not None}
+        known_ids.update(claimed.id for claimed in getattr(self.poller, "claims", {}).values())
+        return (
+            threads.deferToThread(
+                self.store.release_forgotten_claims, worker=pgconfig.WORKER_ID, known_ids=known_ids,
+                claimed_before=datetime.datetime.now() - FORGOTTEN_CLAIM_AGE,
+            )
+            .addCallback(self._log_released, "was claimed by this node but its claim's reply was lost")
+            .addErrback(lambda failure: log.error("Could not look for lost claims: {e}", e=failure.getErrorMessage()))
         )
 
-    def _renew_lease(self):
-        if not self.store.heartbeat(pgconfig.WORKER_ID):
-            self.register()
+    def _log_released(self, released, how):
+        """Reactor thread: log jobs taken from a node, and claim at once what went back to pending."""
+        for job in released:
+            log.warn("Job {job} of project {project} {how}: now {status}", job=job.job, project=job.project,
+                     how=how, status=job.status)
+        if any(job.status == PENDING for job in released) and not self.stopping:
+            self.poller.poll()  # NOTIFY wakes the other nodes; this one may have a free slot too
 
     # --- crawls ----------------------------------------------------------------------------------------------
 
@@ -108,6 +203,10 @@ class PostgresLauncher(Launcher):
         take_claim = getattr(self.poller, "take_claim", None)
         claimed = take_claim(message) if take_claim is not None else None
         project = message["_project"]
+        if self.stopping:  # claimed while the stop began: handed back with the rest
+            if claimed is not None:
+                self.unstarted.append(claimed)
+            return
         process = PostgresProcessProtocol(project, message["_spider"], message["_job"], {}, [])
         process.claimed = claimed
         try:
@@ -137,8 +236,10 @@ class PostgresLauncher(Launcher):
     def _process_finished(self, _, slot):
         process = self.processes.pop(slot)
         process.end_time = datetime.datetime.now()
-        self._record_finished(process)
-        self._get_message(slot)  # always: a failing job storage must not cost the slot
+        if not process.handed_back:
+            self._record_finished(process)
+        if not self.stopping:
+            self._get_message(slot)  # always: a failing job storage must not cost the slot
 
     def _record_finished(self, process):
         self.unrecorded.append(process)
@@ -170,3 +271,48 @@ class PostgresLauncher(Launcher):
                 break
             recorded.append(process)
         return recorded
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews this process's lease every ``heartbeat_interval`` and recovers other processes' expired leases.
+
+    A thread of its own, not the reactor: schedule.json runs ``scrapy list`` on the reactor and the web services
+    wait for the database on it, so it can be busy for seconds while the node's crawls run on, and that must not
+    cost the node its jobs. Recovery waits for an unbroken lease of successful heartbeats (see the module's
+    docstring); a stopping node keeps its lease until it has handed its jobs back, and recovers nobody's.
+    """
+
+    def __init__(self, launcher: PostgresLauncher):
+        super().__init__(name="pgqueue-lease", daemon=True)
+        self.launcher = launcher
+        self.stopping = threading.Event()
+        self.healthy_since: float | None = None  # monotonic time since every heartbeat succeeded; None: failing
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.beat()
+            except Exception as e:  # noqa: BLE001 - the database is away: try again next beat
+                self.healthy_since = None
+                log.error("Heartbeat failed: {error}", error=e)
+            self.stopping.wait(self.launcher.settings.heartbeat_interval)
+
+    def beat(self) -> None:
+        launcher, settings = self.launcher, self.launcher.settings
+        if not launcher.store.heartbeat(pgconfig.WORKER_ID):
+            launcher.store.register_node(
+                worker=pgconfig.WORKER_ID, name=settings.node_name, url=launcher.url, max_proc=launcher.max_proc
+            )
+        now = time.monotonic()
+        if self.healthy_since is None:
+            self.healthy_since = now
+        if launcher.stopping or now - self.healthy_since < settings.lease_seconds:
+            return
+        recovered = launcher.store.recover_expired_leases(
+            worker=pgconfig.WORKER_ID, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts
+        )
+        if recovered:
+            reactor.callFromThread(launcher._log_released, recovered, "was recovered from a node whose lease expired")

@@ -9,7 +9,17 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, DateTime, Index, Text, text
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -48,6 +58,9 @@ class SpiderJob(Base):
     pid: Mapped[int | None]
     attempts: Mapped[int] = mapped_column(server_default=text("0"))  # claims so far
     cancel_requested: Mapped[bool] = mapped_column(server_default=text("false"))
+    # cancel.json calls on the running job (each one signal, as in Scrapyd) and the signal of the latest (0002).
+    cancel_requests: Mapped[int] = mapped_column(server_default=text("0"))
+    cancel_signal: Mapped[str | None] = mapped_column(Text)
     # Naive local times with microseconds, as Scrapyd uses.
     created_time: Mapped[datetime.datetime] = mapped_column(DateTime)
     start_time: Mapped[datetime.datetime | None] = mapped_column(DateTime)
@@ -100,3 +113,28 @@ class ScrapydNode(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     stopped_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ProjectEgg(Base):
+    """One deployed version of a project (migration 0002): deployed once, runnable on every node."""
+
+    __tablename__ = "project_egg"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    project: Mapped[str] = mapped_column(Text)
+    version: Mapped[str] = mapped_column(Text)
+    egg: Mapped[bytes] = mapped_column(LargeBinary)
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+
+    __table_args__ = (UniqueConstraint("project", "version", name="project_egg_project_version_key"),)
+
+
+class JobLog(Base):
+    """The log of a finished job, its tail capped at ``log_max_bytes`` (migration 0002); goes with its row."""
+
+    __tablename__ = "job_log"
+
+    job_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("spider_job.id", ondelete="CASCADE"), primary_key=True)
+    log: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int] = mapped_column(BigInteger)  # of the whole log file, before the cap
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))

@@ -48,16 +48,23 @@ class PostgresPoller:
         return waiting
 
     def poll(self):
-        """Claim jobs for the free slots. Never raises: an error is logged and the next tick tries again."""
-        if self.listener is None:
-            self.start_listening()
+        """Claim jobs for the free slots. Never fails: an error is logged and the next tick tries again.
+
+        The TimerService stops calling poll() for good once a returned Deferred fails (Scrapyd's own poller
+        dies that way), so whatever goes wrong ends in the last errback here.
+        """
         if self.claiming:  # a claim is under way: run one more after it, it may have missed new jobs
             self.claim_again = True
             return None
         self.claiming = True
-        return self._claim().addBoth(self._claimed)
+        claiming = defer.maybeDeferred(self._claim).addBoth(self._claimed)
+        return claiming.addErrback(
+            lambda failure: log.failure("Unexpected error while polling, trying again next tick", failure)
+        )
 
     def _claim(self):
+        if self.listener is None:
+            self.start_listening()
         free_slots = len(self.dq.waiting) if self.accepting else 0
         projects = list(self.queues)
         if not free_slots or not projects:
@@ -72,9 +79,10 @@ class PostgresPoller:
 
     def _claimed(self, result):
         self.claiming = False
+        claim_again, self.claim_again = self.claim_again, False
         if isinstance(result, Failure):
             log.error("Claiming jobs failed, trying again next tick: {error}", error=result.getErrorMessage())
-            return None
+            return None  # no immediate retry: a database that is away would be hammered
         for claimed in result:
             message = dict(claimed.message)
             message["_project"] = claimed.project
@@ -82,8 +90,7 @@ class PostgresPoller:
             message.setdefault("_job", claimed.job)
             self.claims[(claimed.project, message["_job"])] = claimed
             self.dq.put(message)
-        if self.claim_again:
-            self.claim_again = False
+        if claim_again:
             return self.poll()
         return None
 

@@ -2,9 +2,8 @@
 
 from alembic import context
 
+from scrapyd_pgqueue.db import VERSION_TABLE
 from scrapyd_pgqueue.models import Base
-
-VERSION_TABLE = "scrapyd_pgqueue_version"
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=Base.metadata, version_table=VERSION_TABLE)

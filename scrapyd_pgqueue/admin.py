@@ -1,0 +1,223 @@
+"""The operator's subcommands of ``scrapyd-pgqueue``: the queue at a glance, and requeue, cancel, prune.
+
+They talk to the database directly (``store.ClusterStore``), so they work with every node down. Tables for people
+by default; ``--json`` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import re
+import sys
+
+# How long a stopped node stays in ``status``: long enough to see a node that just went away.
+RECENTLY_STOPPED_SECONDS = 3600
+TROUBLED_SHOWN = 20
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+SECONDS_PER_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def add_commands(commands, database_url_argument) -> None:
+    """Register the operator's subcommands on the ``scrapyd-pgqueue`` parser's subparsers."""
+
+    def command(name, run, help_text):
+        parser = commands.add_parser(name, help=help_text, description=help_text)
+        database_url_argument(parser, required=True)
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+        parser.set_defaults(run=run)
+        return parser
+
+    status = command("status", run_status, "show the queue at a glance: pending, running per node, failures, nodes")
+    status.add_argument("--lease-seconds", type=float, default=30.0,
+                        help="the nodes' lease_seconds: a node silent this long is shown 'silent' (default 30)")
+
+    for name, run, help_text in (
+        ("requeue", run_requeue, "put a finished (failed, cancelled, lost...) job back to pending"),
+        ("cancel", run_cancel, "cancel a pending job, or stop a running one on whichever node runs it"),
+    ):
+        parser = command(name, run, help_text)
+        parser.add_argument("job", metavar="JOB", help="the job id (Scrapyd's jobid)")
+        parser.add_argument("--project", help="the job's project (needed only when several projects have this id)")
+    cancel = commands.choices["cancel"]
+    cancel.add_argument("--signal", default="INT", help="signal for a running crawl (default INT; again: forced)")
+
+    prune = command("prune", run_prune, "delete finished jobs (and their stored logs)")
+    prune.add_argument("--keep", type=int, help="keep only the newest N finished jobs")
+    prune.add_argument("--older-than", type=duration, metavar="AGE",
+                       help="delete finished jobs that ended more than AGE ago: 90s, 30m, 12h, 7d, 2w")
+
+
+def duration(text: str) -> datetime.timedelta:
+    match = DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (examples: 90s, 30m, 12h, 7d, 2w)")
+    return datetime.timedelta(seconds=float(match[1]) * SECONDS_PER_UNIT[match[2]])
+
+
+def _store(args):
+    from scrapyd_pgqueue.store import ClusterStore
+
+    return ClusterStore.for_url(args.database_url)
+
+
+def _plain(value):
+    """A value as JSON can hold it."""
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value):
+        return {key: _plain(item) for key, item in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _print_json(data) -> None:
+    print(json.dumps(_plain(data), indent=2, sort_keys=True))
+
+
+def table(headers, rows) -> str:
+    """Left-aligned columns, two spaces apart; empty for no rows."""
+    cells = [[str(header) for header in headers]]
+    cells += [["" if value is None else str(value) for value in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
+
+
+def _when(value) -> str:
+    return "" if value is None else str(value.replace(microsecond=0))
+
+
+def _fail(message: str) -> int:
+    print(f"scrapyd-pgqueue: {message}", file=sys.stderr)
+    return 1
+
+
+def _resolve_project(store, args) -> str | None:
+    if args.project:
+        return args.project
+    projects = store.projects_of_job(args.job)
+    if len(projects) == 1:
+        return projects[0]
+    if not projects:
+        _fail(f"no job '{args.job}' in any project")
+    else:
+        _fail(f"job id '{args.job}' exists in several projects ({', '.join(projects)}): give --project")
+    return None
+
+
+# --- status ------------------------------------------------------------------------------------------------------
+
+
+def run_status(args) -> int:
+    from scrapyd_pgqueue import db
+
+    store = _store(args)
+    pending = store.pending_by_spider()
+    running = store.running_jobs()
+    nodes = store.nodes(lease_seconds=args.lease_seconds, recent_seconds=RECENTLY_STOPPED_SECONDS)
+    outcomes = store.outcome_counts()
+    troubled = store.troubled_jobs(TROUBLED_SHOWN)
+    recovered = store.recovered_jobs(TROUBLED_SHOWN)
+    if args.json:
+        _print_json({
+            "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
+            "running": {"total": len(running), "jobs": running},
+            "nodes": nodes,
+            "finished": {"total": sum(outcomes.values()), "by_outcome": outcomes},
+            "troubled": troubled,
+            "recovered": recovered,
+        })
+        return 0
+
+    print(f"Queue in {db.describe(args.database_url)}")
+    print(f"\nPending: {sum(group['pending'] for group in pending)}")
+    if pending:
+        print(table(["PROJECT", "SPIDER", "PENDING", "OLDEST"],
+                    [(g["project"], g["spider"], g["pending"], _when(g["oldest"])) for g in pending]))
+    print(f"\nRunning: {len(running)}")
+    if running:
+        print(table(["NODE", "PROJECT", "SPIDER", "JOB", "PID", "STARTED"],
+                    [(j.node, j.project, j.spider, j.job, j.pid, _when(j.start_time)) for j in running]))
+    print(f"\nNodes: {sum(node.state == 'live' for node in nodes)} live")
+    if nodes:
+        print(table(["NODE", "STATE", "RUNNING", "MAX_PROC", "LAST HEARTBEAT", "URL"],
+                    [(n.name, n.state, n.running, n.max_proc, f"{n.heartbeat_age:.1f}s ago", n.url) for n in nodes]))
+    by_outcome = ", ".join(f"{outcome} {count}" for outcome, count in outcomes.items())
+    print(f"\nFinished (kept): {sum(outcomes.values())}{f' ({by_outcome})' if by_outcome else ''}")
+    if troubled:
+        print(f"\nFailed, lost or interrupted (newest {TROUBLED_SHOWN}):")
+        print(table(["PROJECT", "SPIDER", "JOB", "OUTCOME", "NODE", "ATTEMPTS", "ENDED", "REASON"],
+                    [(j.project, j.spider, j.job, j.outcome, j.node, j.attempts, _when(j.end_time), j.reason)
+                     for j in troubled]))
+    if recovered:
+        print(f"\nRecovered from a node that went away (claimed more than once; newest {TROUBLED_SHOWN}):")
+        print(table(["PROJECT", "SPIDER", "JOB", "STATUS", "NODE", "ATTEMPTS"],
+                    [(j.project, j.spider, j.job, j.status, j.node, j.attempts) for j in recovered]))
+    return 0
+
+
+# --- requeue, cancel, prune --------------------------------------------------------------------------------------
+
+
+def run_requeue(args) -> int:
+    from scrapyd_pgqueue.store import DuplicateJobError, JobNotFoundError
+
+    store = _store(args)
+    project = _resolve_project(store, args)
+    if project is None:
+        return 1
+    try:
+        store.requeue(project, args.job)
+    except (JobNotFoundError, DuplicateJobError) as e:
+        return _fail(str(e))
+    if args.json:
+        _print_json({"project": project, "job": args.job, "status": "pending"})
+    else:
+        print(f"Job {args.job} of project {project} is pending again.")
+    return 0
+
+
+def run_cancel(args) -> int:
+    from scrapyd_pgqueue.store import SIGNAL_NAMES
+
+    if not (args.signal.isdigit() or args.signal in SIGNAL_NAMES):
+        return _fail(f"--signal must be a number or one of {', '.join(SIGNAL_NAMES)}")
+    store = _store(args)
+    project = _resolve_project(store, args)
+    if project is None:
+        return 1
+    prevstate = store.cancel_job(project, args.job, args.signal)
+    if args.json:
+        _print_json({"project": project, "job": args.job, "prevstate": prevstate})
+    elif prevstate == "pending":
+        print(f"Job {args.job} of project {project} was pending: cancelled, it will not run.")
+    elif prevstate == "running":
+        print(f"Job {args.job} of project {project} is running: its node is signalling it ({args.signal}).")
+    else:
+        print(f"Job {args.job} of project {project} is neither pending nor running: nothing to cancel.")
+    return 0 if prevstate else 1
+
+
+def run_prune(args) -> int:
+    if args.keep is None and args.older_than is None:
+        return _fail("prune needs --keep N, --older-than AGE, or both")
+    if args.keep is not None and args.keep < 0:
+        return _fail("--keep may not be negative")
+    store = _store(args)
+    deleted = 0
+    if args.older_than is not None:
+        deleted += store.prune_finished_before(datetime.datetime.now() - args.older_than)
+    if args.keep is not None:
+        from scrapyd_pgqueue.store import JobStore
+
+        deleted += JobStore.for_url(args.database_url).prune_terminated(args.keep)
+    if args.json:
+        _print_json({"deleted": deleted})
+    else:
+        print(f"Deleted {deleted} finished job{'s' if deleted != 1 else ''}.")
+    return 0

@@ -1,0 +1,108 @@
+"""What a node acts on when the cluster changes elsewhere: cancel requests for its crawls, deployed or deleted eggs.
+
+Another node's cancel.json reaches the node running the job; an egg deployed through another node becomes known
+here without a restart. A NotificationListener (a thread and connection of its own, which reconnects) hears both at
+once; NOTIFY is only a hint, so the launcher's heartbeat calls ``check()`` to read the same state as the floor.
+Used by ``PostgresLauncher``; runs on the reactor thread except where noted.
+"""
+
+from __future__ import annotations
+
+import json
+
+from twisted.internet import error, reactor, threads
+from twisted.logger import Logger
+
+from scrapyd.interfaces import ISpiderScheduler
+from scrapyd.webservice import spider_list
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.db import NotificationListener
+from scrapyd_pgqueue.store import CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, ClusterStore, EggStore
+
+log = Logger()
+
+
+class ClusterEvents:
+    def __init__(self, launcher):
+        self.launcher = launcher
+        self.database_url = launcher.settings.database_url
+        self.listener: NotificationListener | None = None
+        self.eggs: dict[str, tuple[int, int]] | None = None  # the egg catalogue last seen
+
+    def start(self):
+        try:
+            self.eggs = EggStore.for_url(self.database_url).egg_catalogue()
+        except Exception as e:  # noqa: BLE001 - the first heartbeat that reaches the database reads it
+            log.error("Could not read the egg catalogue: {error}", error=e)
+        self.listener = NotificationListener(
+            self.database_url, [CANCEL_CHANNEL, PROJECTS_CHANNEL], self._notified,
+            on_reconnect=lambda: reactor.callFromThread(self.check), name="pgqueue-cluster-events",
+        )
+        self.listener.start()
+
+    def stop(self):
+        if self.listener is not None:
+            self.listener.stop()
+
+    def _notified(self, channel, payload):
+        """Listener thread: hand the event to the reactor."""
+        if channel == CANCEL_CHANNEL:
+            request = CancelRequest(**json.loads(payload))
+            if request.worker == pgconfig.WORKER_ID:
+                reactor.callFromThread(self.deliver_cancels, [request])
+        elif channel == PROJECTS_CHANNEL:
+            reactor.callFromThread(self.refresh_projects, [payload])
+
+    def check(self):
+        """The floor under NOTIFY (every heartbeat, and after the listener reconnects)."""
+        return (
+            threads.deferToThread(self._read_state)
+            .addCallback(self._apply_state)
+            .addErrback(lambda failure: log.error("Reading cancel requests and eggs failed: {error}",
+                                                  error=failure.getErrorMessage()))
+        )
+
+    def _read_state(self):
+        cancels = ClusterStore.for_url(self.database_url).requested_cancels(pgconfig.WORKER_ID)
+        return cancels, EggStore.for_url(self.database_url).egg_catalogue()
+
+    def _apply_state(self, state):
+        cancels, eggs = state
+        self.deliver_cancels(cancels)
+        seen = self.eggs if self.eggs is not None else {}  # never read: whatever exists may be new here
+        changed = sorted(project for project in eggs.keys() | seen.keys() if eggs.get(project) != seen.get(project))
+        if self.eggs is None or changed:
+            if not self.refresh_projects(changed):
+                return  # keep the old catalogue: the next heartbeat tries again
+        self.eggs = eggs
+
+    def deliver_cancels(self, requests):
+        """Signal this node's crawls once per cancel request not delivered yet (a second cancel.json forces)."""
+        for request in requests:
+            for process in list(self.launcher.processes.values()):
+                claimed = getattr(process, "claimed", None)
+                same_job = claimed.id == request.id if claimed is not None else (
+                    (process.project, process.job) == (request.project, request.job))
+                if not same_job or request.requests <= process.cancels_delivered:
+                    continue
+                process.cancels_delivered = request.requests
+                process.cancel_signal = request.signal
+                log.info("Cancelling job {job} of project {project} (signal {signal})", job=process.job,
+                         project=process.project, signal=request.signal)
+                try:
+                    process.transport.signalProcess(int(request.signal) if request.signal.isdigit() else request.signal)
+                except error.ProcessExitedAlready:
+                    pass
+
+    def refresh_projects(self, projects) -> bool:
+        """Learn deployed or deleted eggs: poller and scheduler rebuild their queues (schedule.json and
+        listprojects.json read them), and the cached spider lists of those projects are dropped."""
+        try:
+            self.launcher.poller.update_projects()
+            self.launcher.app.getComponent(ISpiderScheduler).update_projects()
+        except Exception as e:  # noqa: BLE001 - the heartbeat's check sees the change again
+            log.error("Could not refresh the projects: {error}", error=e)
+            return False
+        for project in projects:
+            spider_list.delete(project)
+        return True

@@ -1,0 +1,298 @@
+"""Scrapyd's web services answered for the whole cluster, from the shared tables.
+
+Behind a load balancer a request lands on any node, so status.json, listjobs.json, daemonstatus.json and
+cancel.json answer for every job wherever it runs, in Scrapyd 1.6's JSON shapes (scrapyd-client, ScrapydWeb and
+python-scrapyd-api read them), adding keys only; ``logs`` serves a job's log on every node. Each replaces
+Scrapyd's own through the [services] section of the node's configuration, and is a few lines over
+``store.ClusterStore``. They read the node's settings from ``PostgresPoller``, which a cluster runs anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from urllib.parse import quote, urljoin
+
+from twisted.web import error, http, resource
+
+from scrapyd.exceptions import DirectoryTraversalError
+from scrapyd.utils import get_file_path
+from scrapyd.webservice import WsResource, param
+from scrapyd.webservice import Schedule as ScrapydSchedule
+from scrapyd.website import File
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.store import MAX_NAME_BYTES, SIGNAL_NAMES, ClusterStore, DuplicateJobError, InvalidJobError
+
+
+def log_path(job) -> str:
+    """The path of a job's log under every node's ``/logs/`` (Scrapyd's own log URL)."""
+    return f"/logs/{job.project}/{job.spider}/{job.job}.log"
+
+
+class ClusterResource(WsResource):
+    """A web service over the cluster's tables."""
+
+    @functools.cached_property
+    def settings(self) -> pgconfig.Settings:
+        return self.root.poller.settings
+
+    @functools.cached_property
+    def store(self) -> ClusterStore:
+        return ClusterStore.for_url(self.settings.database_url)
+
+    def check_project(self, project: str | None) -> None:
+        if project is not None and project not in self.root.poller.queues:
+            raise error.Error(code=http.OK, message=b"project '%b' not found" % project.encode())
+
+
+class Status(ClusterResource):
+    """The job's state wherever it runs: the newest run of that job id."""
+
+    @param("job")
+    @param("project", required=False)
+    def render_GET(self, txrequest, job, project):
+        self.check_project(project)
+        return {"currstate": self.store.job_status(job, project)}
+
+
+class ListJobs(ClusterResource):
+    """Pending (one page in claim order), running on every node, and finished jobs of the cluster.
+
+    ``pending_limit`` (default ``listjobs_pending_limit``) and ``pending_offset`` page the pending jobs;
+    ``pending_next_offset`` is the offset of the next page, null on the last one.
+    """
+
+    @param("project", required=False)
+    @param("pending_limit", dest="limit", required=False, default=None, type=int)
+    @param("pending_offset", dest="offset", required=False, default=0, type=int)
+    def render_GET(self, txrequest, project, limit, offset):
+        self.check_project(project)
+        limit = self.settings.listjobs_pending_limit if limit is None else limit
+        if limit < 0 or offset < 0:
+            raise error.Error(code=http.OK, message=b"pending_limit and pending_offset may not be negative")
+        pending, more = self.store.pending_page(project, limit, offset)
+        return {
+            "pending": [self.pending_entry(job) for job in pending],
+            "running": [self.running_entry(job) for job in self.store.running_jobs(project)],
+            "finished": [
+                self.finished_entry(job)
+                for job in self.store.finished_jobs(project, self.settings.finished_to_keep)
+            ],
+            "pending_next_offset": offset + len(pending) if more else None,
+        }
+
+    @staticmethod
+    def pending_entry(job):
+        message = job.message
+        return {
+            "id": message.get("_job", job.job),
+            "project": job.project,
+            "spider": message["name"],
+            "version": message.get("_version"),
+            "settings": message.get("settings", {}),
+            "args": {k: v for k, v in message.items() if k not in ("name", "_job", "_version", "settings")},
+        }
+
+    def running_entry(self, job):
+        return {
+            "id": job.job,
+            "project": job.project,
+            "spider": job.spider,
+            "pid": job.pid,
+            "start_time": str(job.start_time),
+            # The log is on the node running the job; /logs/ on any other node redirects there.
+            "log_url": log_path(job) if self.root.logs_dir else None,
+            "items_url": self.root.get_item_url(job),
+            "node_name": job.node,
+        }
+
+    def finished_entry(self, job):
+        return {
+            "id": job.job,
+            "project": job.project,
+            "spider": job.spider,
+            "start_time": str(job.start_time),
+            "end_time": str(job.end_time),
+            "log_url": log_path(job) if job.has_log else self.root.get_log_url(job),
+            "items_url": self.root.get_item_url(job),
+            "node_name": job.node,
+            "outcome": job.outcome,
+        }
+
+
+class DaemonStatus(ClusterResource):
+    """This node as Scrapyd reports it (running: its own crawls), and the cluster under ``cluster``."""
+
+    def render_GET(self, txrequest):
+        cluster = self.store.cluster_counts(self.settings.lease_seconds)
+        return {
+            "pending": cluster.pending,
+            "running": len(self.root.launcher.processes),
+            "finished": min(cluster.finished, self.settings.finished_to_keep),
+            "cluster": dataclasses.asdict(cluster),
+        }
+
+
+class Cancel(ClusterResource):
+    """Cancel a pending job, or have the node running the job signal it (one signal per call, as in Scrapyd)."""
+
+    @param("project")
+    @param("job")
+    @param("signal", required=False, default="INT")
+    def render_POST(self, txrequest, project, job, signal):
+        self.check_project(project)
+        if not (signal.isdigit() or signal in SIGNAL_NAMES):
+            names = ", ".join(SIGNAL_NAMES).encode()
+            raise error.Error(code=http.OK, message=b"signal must be a number or one of " + names)
+        return {"prevstate": self.store.cancel_job(project, job, signal)}
+
+
+class Logs(resource.Resource):
+    """``/logs/``: this node's log files, and on every node the log of any job of the cluster.
+
+    ``/logs/<project>/<spider>/<job>.log`` is served from this node's logs_dir when the file is here, else from
+    the database (a finished job's log tail, see ``log_max_bytes``), else by a redirect to the node process that
+    runs (or ran) the job while it is up. Directory listings show this node's files only.
+    """
+
+    isLeaf = True
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+        self.local = File(root.logs_dir, "text/plain") if root.logs_dir else None
+
+    @functools.cached_property
+    def store(self) -> ClusterStore:
+        return ClusterStore.for_url(self.root.poller.settings.database_url)
+
+    def render(self, request):
+        segments = request.postpath
+        if len(segments) == 3 and segments[2].endswith(b".log") and not self.is_local(segments):
+            return self.render_job_log(request, *(segment.decode(errors="replace") for segment in segments))
+        if self.local is None:
+            return resource.NoResource().render(request)
+        return resource.getChildForRequest(self.local, request).render(request)
+
+    def is_local(self, segments) -> bool:
+        if not self.root.logs_dir:
+            return False
+        names = (segment.decode(errors="replace") for segment in segments)
+        try:
+            return get_file_path(self.root.logs_dir, *names).isfile()
+        except DirectoryTraversalError:
+            return False
+
+    def render_job_log(self, request, project, spider, filename):
+        stored = self.store.find_log(project, spider, filename.removesuffix(".log"))
+        if stored is not None and stored.log is not None:
+            request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+            return stored.log
+        if stored is not None and stored.node_url and stored.worker != pgconfig.WORKER_ID:
+            path = "/".join(quote(segment) for segment in (project, spider, filename))
+            request.redirect(urljoin(stored.node_url, f"logs/{path}").encode())
+            return b""
+        return resource.NoResource("No such log.").render(request)
+
+
+# Linux refuses to start a process with one command-line argument longer than this (MAX_ARG_STRLEN, the NUL
+# included): a spider argument or setting ``name=value`` that long can never be passed to the crawl.
+MAX_CRAWL_ARGUMENT_BYTES = 131072 - 1
+# All spider arguments and settings together; the whole command line and the environment share ARG_MAX (2 MiB).
+MAX_CRAWL_ARGUMENTS_TOTAL_BYTES = 1024 * 1024
+# A job id names the job's log file, <jobid>.log, and file names are at most 255 bytes.
+MAX_JOB_ID_BYTES = 200
+# Form fields schedule.json reads itself; every other field is a spider argument.
+SCHEDULE_PARAMETERS = {"project", "spider", "_version", "jobid", "priority", "setting"}
+# Keys the job's message uses for itself: a spider argument of that name would clash with them.
+RESERVED_ARGUMENTS = {"name", "settings", "_job", "_project", "_spider"}
+
+
+def _refuse(message: str):
+    return error.Error(code=http.OK, message=message.encode())
+
+
+def _shown(value: str, limit: int = 100) -> str:
+    """A value for an error message: quoted, and cut short when long."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def check_schedule_request(args: dict[bytes, list[bytes]]) -> None:
+    """Refuse (twisted.web.error.Error, Scrapyd's way) a schedule.json request that cannot become a runnable job."""
+    fields = {}
+    for raw_name, raw_values in args.items():
+        try:
+            name = raw_name.decode()
+            values = [value.decode() for value in raw_values]
+        except UnicodeDecodeError:
+            raise _refuse(f"{_shown(raw_name.decode(errors='replace'))} is not valid UTF-8") from None
+        if "\x00" in name or any("\x00" in value for value in values):
+            raise _refuse(f"{_shown(name)} may not contain NUL characters")
+        fields[name] = values
+
+    for name in ("project", "spider", "_version"):
+        for value in fields.get(name, []):
+            if len(value.encode()) > MAX_NAME_BYTES:
+                raise _refuse(f"{name} is longer than {MAX_NAME_BYTES} bytes")
+    for jobid in fields.get("jobid", []):
+        if not jobid:
+            raise _refuse("jobid may not be empty")
+        if "/" in jobid:
+            raise _refuse("jobid may not contain '/': it names the job's log file")
+        if len(jobid.encode()) > MAX_JOB_ID_BYTES:
+            raise _refuse(f"jobid is longer than {MAX_JOB_ID_BYTES} bytes: it names the job's log file")
+    for priority in fields.get("priority", [])[:1]:
+        try:
+            number = float(priority)
+        except ValueError:
+            continue  # Scrapyd's own check answers "priority is invalid: ..."
+        if not math.isfinite(number):
+            raise _refuse(f"priority must be a finite number, not {_shown(priority)}")
+
+    # What the crawl's command line will carry: -s NAME=VALUE for each setting, -a NAME=VALUE for each argument.
+    pairs = []
+    for setting in fields.get("setting", []):
+        if "=" not in setting:
+            raise _refuse(f"setting must be NAME=VALUE, not {_shown(setting)}")
+        pairs.append(("setting", setting))
+    for name, values in fields.items():
+        if name in SCHEDULE_PARAMETERS:
+            continue
+        if name in RESERVED_ARGUMENTS:
+            raise _refuse(f"{_shown(name)} is reserved and cannot be a spider argument")
+        if not name or "=" in name:
+            raise _refuse(f"spider argument names may not be empty or contain '=', not {_shown(name)}")
+        pairs.append((f"argument {_shown(name)}", f"{name}={values[0]}"))
+    total = 0
+    for what, pair in pairs:
+        size = len(pair.encode())
+        if size > MAX_CRAWL_ARGUMENT_BYTES:
+            raise _refuse(
+                f"{what} is {size} bytes long; a crawl's command line takes at most {MAX_CRAWL_ARGUMENT_BYTES} "
+                "bytes per argument"
+            )
+        total += size
+    if total > MAX_CRAWL_ARGUMENTS_TOTAL_BYTES:
+        raise _refuse(
+            f"spider arguments and settings are {total} bytes long together; at most "
+            f"{MAX_CRAWL_ARGUMENTS_TOTAL_BYTES} are accepted"
+        )
+
+
+class Schedule(ScrapydSchedule):
+    """schedule.json that refuses, with a plain message, what the queue cannot store or a crawl cannot start.
+
+    Scrapyd's own accepts a 1 MB argument, a NUL byte or a duplicate job id, and the job then fails when it is
+    started, or the request ends in an exception's class name.
+    """
+
+    def render_POST(self, txrequest):
+        check_schedule_request(txrequest.args)
+        try:
+            return super().render_POST(txrequest)
+        except (DuplicateJobError, InvalidJobError) as e:
+            raise _refuse(str(e)) from e
+        except DatabaseError as e:
+            raise _refuse(f"the job could not be queued: {e}") from e

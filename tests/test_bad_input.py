@@ -1,0 +1,356 @@
+"""Bad input through the HTTP API of a running node and through the Python API.
+
+Every refusal is Scrapyd's JSON error ({"status": "error", "message": ..., "node_name": ...}) with a plain
+message, never an HTTP 500 and never a second row; jobs already queued are neither lost nor altered. The
+fuzzing (hypothesis) posts raw bytes over real HTTP to a node that claims nothing, so every job it accepts stays
+in the table to be checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+import urllib.parse
+import uuid
+
+import psycopg2
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scrapyd.config import Config
+from sqlalchemy import make_url
+
+from scrapyd_pgqueue import PostgresSpiderQueue
+from scrapyd_pgqueue.cluster import LocalCluster
+from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
+
+SQL_METACHARACTERS = ["'", '"', "';--", "'; DROP TABLE spider_job; --", "%", "_", "\\", "$1", "::text", "/*", "*/"]
+# A message that starts with an exception's class name is not Scrapyd's style for a refused request.
+CLASS_NAME_PREFIX = re.compile(r"^[A-Z]\w*(Error|Exception): ")
+
+
+# --- a node that claims nothing ---------------------------------------------------------------------------------
+
+
+def _admin(url):
+    parsed = make_url(url)
+    connection = psycopg2.connect(
+        host=parsed.host, port=parsed.port or 5432, user=parsed.username, password=parsed.password,
+        dbname=parsed.database or "postgres",
+    )
+    connection.autocommit = True
+    return connection
+
+
+def table(url) -> dict[int, tuple]:
+    """Every row of spider_job by id, all columns."""
+    with contextlib.closing(_admin(url)) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM spider_job ORDER BY id")
+        return {row[0]: row for row in cursor.fetchall()}
+
+
+@pytest.fixture(scope="module")
+def queue_database(postgres_server):
+    server_url, _ = postgres_server
+    name = f"bad_input_{uuid.uuid4().hex[:10]}"
+    with contextlib.closing(_admin(server_url)) as admin, admin.cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {name}")
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="module")
+def node(queue_database, tmp_path_factory):
+    """One real node that never claims a job (a poll an hour apart, no NOTIFY): what it accepts stays pending."""
+    cluster = LocalCluster(queue_database, 1, directory=tmp_path_factory.mktemp("quiet"),
+                           config={"poll_interval": "3600", "listen_notify": "off"})
+    with cluster:
+        [node] = cluster.nodes
+        assert node.post("schedule.json", project="example", spider="sleeper", jobid="warm-up")["status"] == "ok"
+        yield node
+
+
+@pytest.fixture(scope="module")
+def queued(queue_database, node):
+    """Jobs already in the queue before any bad request: two pending, one running on another node."""
+    store = JobStore.for_url(queue_database)
+    store.enqueue("example", {"name": "sleeper", "_job": "running-1"}, priority=100)
+    [running] = store.claim_next_jobs(["example"], 1, node="elsewhere", worker="w-elsewhere")
+    assert running.job == "running-1"
+    store.enqueue("example", {"name": "sleeper", "_job": "pending-1", "seconds": "1"}, priority=3)
+    store.enqueue("example", {"name": "quotes", "_job": "pending-2", "note": "it's; --"})
+    return table(queue_database)
+
+
+def form(*fields: tuple[str | bytes, str | bytes]) -> bytes:
+    """A urlencoded body from raw fields: bytes are sent as they are (invalid UTF-8, NUL...)."""
+    def encode(value):
+        return urllib.parse.quote_from_bytes(value if isinstance(value, bytes) else value.encode(), safe="")
+    return "&".join(f"{encode(name)}={encode(value)}" for name, value in fields).encode()
+
+
+def post(node, endpoint, *fields):
+    started = time.monotonic()
+    response = requests.post(f"{node.url}{endpoint}", data=form(*fields), timeout=30,
+                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert time.monotonic() - started < 10
+    return response
+
+
+def get(node, endpoint, *fields):
+    response = requests.get(f"{node.url}{endpoint}?{form(*fields).decode()}", timeout=30)
+    return response
+
+
+def answer(response) -> dict:
+    """The JSON of a Scrapyd answer, which must be an HTTP 200 with status and node_name."""
+    assert response.status_code == 200, response.text
+    data = json.loads(response.content)
+    assert data["status"] in ("ok", "error"), data
+    assert data["node_name"] == "node1"
+    return data
+
+
+def refused(response, expected: str) -> str:
+    data = answer(response)
+    assert data["status"] == "error", data
+    message = data["message"]
+    assert expected in message, message
+    assert not CLASS_NAME_PREFIX.match(message), message
+    return message
+
+
+def unchanged(url, before):
+    """Rows that existed before are all there, unchanged; returns the rows added since."""
+    after = table(url)
+    assert {row_id: after.get(row_id) for row_id in before} == before
+    return {row_id: row for row_id, row in after.items() if row_id not in before}
+
+
+# --- schedule.json ----------------------------------------------------------------------------------------------
+
+BASE = [("project", "example"), ("spider", "sleeper")]
+BAD_SCHEDULES = {
+    "missing project": ([("spider", "sleeper")], "'project' parameter is required"),
+    "unknown project": ([("project", "nope"), ("spider", "sleeper")], "project 'nope' not found"),
+    "unknown spider": ([("project", "example"), ("spider", "nope")], "spider 'nope' not found"),
+    "SQL in project": ([("project", "example'; DROP TABLE spider_job; --"), ("spider", "sleeper")], "not found"),
+    "SQL in spider": ([("project", "example"), ("spider", "x' OR '1'='1")], "not found"),
+    "priority abc": (BASE + [("priority", "abc")], "priority is invalid"),
+    "priority NaN": (BASE + [("priority", "NaN")], "priority must be a finite number"),
+    "priority inf": (BASE + [("priority", "inf")], "priority must be a finite number"),
+    "priority -Infinity": (BASE + [("priority", "-Infinity")], "priority must be a finite number"),
+    "1 MB argument": (BASE + [("big", "x" * 1024 * 1024)], "bytes per argument"),
+    "9 arguments of 120 KB": (BASE + [(f"a{i}", "x" * 120_000) for i in range(9)], "at most 1048576 are accepted"),
+    "1 MB setting": (BASE + [("setting", "X=" + "x" * 1024 * 1024)], "bytes per argument"),
+    "NUL in an argument": (BASE + [("arg", "a\x00b")], "may not contain NUL characters"),
+    "NUL in an argument name": (BASE + [("a\x00b", "1")], "may not contain NUL characters"),
+    "NUL in jobid": (BASE + [("jobid", "j\x00")], "may not contain NUL characters"),
+    "NUL in spider": ([("project", "example"), ("spider", "sleeper\x00")], "may not contain NUL characters"),
+    "invalid UTF-8 in an argument": (BASE + [("arg", b"\xff\xfe")], "is not valid UTF-8"),
+    "invalid UTF-8 in an argument name": (BASE + [(b"\xc3\x28", "1")], "is not valid UTF-8"),
+    "invalid UTF-8 in project": ([("project", b"ex\xffample"), ("spider", "sleeper")], "is not valid UTF-8"),
+    "invalid UTF-8 in jobid": (BASE + [("jobid", b"\xed\xa0\x80")], "is not valid UTF-8"),  # a UTF-8 surrogate
+    "long project": ([("project", "p" * 5000), ("spider", "sleeper")], "project is longer than 1000 bytes"),
+    "long spider": ([("project", "example"), ("spider", "s" * 5000)], "spider is longer than 1000 bytes"),
+    "long jobid": (BASE + [("jobid", "j" * 201)], "jobid is longer than 200 bytes"),
+    "long version": (BASE + [("_version", "v" * 5000)], "_version is longer than 1000 bytes"),
+    "jobid with a path": (BASE + [("jobid", "../../etc/passwd")], "may not contain '/'"),
+    "empty jobid": (BASE + [("jobid", "")], "jobid may not be empty"),
+    "setting without =": (BASE + [("setting", "LOG_LEVEL")], "setting must be NAME=VALUE"),
+    "argument called name": (BASE + [("name", "x")], "'name' is reserved"),
+    "argument called _job": (BASE + [("_job", "x")], "'_job' is reserved"),
+    "argument called settings": (BASE + [("settings", "x")], "'settings' is reserved"),
+    "argument name with =": (BASE + [("a=b", "c")], "may not be empty or contain '='"),
+    "pending job id": (BASE + [("jobid", "pending-1")], "job id 'pending-1' is already pending or running"),
+    "running job id": (BASE + [("jobid", "running-1")], "job id 'running-1' is already pending or running"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SCHEDULES))
+def test_schedule_refuses_bad_input_with_a_plain_json_error_and_leaves_the_queue_alone(
+    case, node, queued, queue_database
+):
+    fields, expected = BAD_SCHEDULES[case]
+    before = table(queue_database)
+    refused(post(node, "schedule.json", *fields), expected)
+    assert unchanged(queue_database, before) == {}
+
+
+def test_sql_metacharacters_in_job_ids_and_arguments_are_stored_exactly(node, queued, queue_database):
+    before = table(queue_database)
+    for i, text in enumerate(SQL_METACHARACTERS):
+        jobid = f"sql-{i}-{text}".replace("/", "|")
+        data = answer(post(node, "schedule.json", *BASE, ("jobid", jobid), (f"arg{text}", text),
+                           ("setting", f"X={text}"), ("priority", "2")))
+        assert data["status"] == "ok" and data["jobid"] == jobid, data
+        assert answer(get(node, "status.json", ("job", jobid)))["currstate"] == "pending"
+        [pending] = [job for job in answer(get(node, "listjobs.json", ("project", "example"),
+                                                ("pending_limit", "1000")))["pending"] if job["id"] == jobid]
+        assert pending["args"] == {f"arg{text}": text}
+        assert pending["settings"] == {"X": text}
+    added = unchanged(queue_database, before)
+    assert len(added) == len(SQL_METACHARACTERS)
+
+
+@pytest.mark.parametrize("endpoint, fields, expected", [
+    ("cancel.json", [("project", "nope"), ("job", "x")], "project 'nope' not found"),
+    ("cancel.json", [("job", "x")], "'project' parameter is required"),
+    ("status.json", [("job", "x"), ("project", "nope")], "project 'nope' not found"),
+    ("status.json", [], "'job' parameter is required"),
+    ("listjobs.json", [("project", "nope' OR 1=1 --")], "not found"),
+    ("listjobs.json", [("project", b"\xff")], "project is invalid"),
+])
+def test_other_services_refuse_bad_input_with_json_errors(endpoint, fields, expected, node, queued, queue_database):
+    before = table(queue_database)
+    response = post(node, endpoint, *fields) if endpoint == "cancel.json" else get(node, endpoint, *fields)
+    data = answer(response)
+    assert data["status"] == "error" and expected in data["message"], data
+    assert unchanged(queue_database, before) == {}
+
+
+def test_metacharacter_job_ids_find_nothing_and_cancel_nothing(node, queued, queue_database):
+    before = table(queue_database)
+    for text in SQL_METACHARACTERS + ["pending-%", "%", "running-_"]:
+        assert answer(get(node, "status.json", ("job", text)))["currstate"] is None
+        assert answer(post(node, "cancel.json", ("project", "example"), ("job", text)))["prevstate"] is None
+    assert unchanged(queue_database, before) == {}
+
+
+# --- fuzzing over HTTP ------------------------------------------------------------------------------------------
+
+raw_text = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(SQL_METACHARACTERS),
+    st.binary(max_size=12),  # often invalid UTF-8
+    st.text(alphabet=st.characters(codec="utf-8"), min_size=190, max_size=260),  # around the jobid limit
+)
+schedule_fields = st.fixed_dictionaries(
+    {
+        "project": st.one_of(st.just("example"), raw_text),
+        "spider": st.one_of(st.sampled_from(["sleeper", "quotes"]), raw_text),
+    },
+    optional={
+        "jobid": raw_text,
+        "priority": st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), raw_text),
+        "_version": raw_text,
+        "setting": raw_text,
+    },
+).flatmap(lambda named: st.lists(st.tuples(raw_text, raw_text), max_size=3).map(
+    lambda extra: [*named.items(), *extra]))
+
+
+def decoded(value):
+    return value.decode(errors="surrogateescape") if isinstance(value, bytes) else value
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fields=schedule_fields)
+def test_fuzzed_schedule_requests_get_a_json_answer_and_never_disturb_the_queue(fields, node, queued, queue_database):
+    before = table(queue_database)
+    data = answer(post(node, "schedule.json", *fields))
+    added = unchanged(queue_database, before)
+    if data["status"] == "error":
+        assert data["message"] and not CLASS_NAME_PREFIX.match(data["message"]), data
+        assert added == {}
+        return
+    [row] = added.values()  # exactly one new row, holding what was sent
+    jobid = data["jobid"]
+    with contextlib.closing(_admin(queue_database)) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT status, project, spider, job, message FROM spider_job WHERE id = %s", (row[0],))
+        status, project, spider, job, message = cursor.fetchone()
+    first = {}
+    for name, value in fields:
+        first.setdefault(decoded(name), decoded(value))
+    assert (status, project, spider, job) == ("pending", first["project"], first["spider"], jobid)
+    reserved = {"project", "spider", "jobid", "priority", "setting", "_version"}
+    for name, value in first.items():
+        if name not in reserved:
+            assert message[name] == value
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job=raw_text, project=st.one_of(st.none(), st.just("example"), raw_text), signal=raw_text)
+def test_fuzzed_status_listjobs_and_cancel_requests_get_a_json_answer(job, project, signal, node, queued,
+                                                                     queue_database):
+    before = table(queue_database)
+    scope = [] if project is None else [("project", project)]
+    answer(get(node, "status.json", ("job", job), *scope))
+    answer(get(node, "listjobs.json", *scope, ("pending_limit", "5")))
+    answer(post(node, "cancel.json", ("project", "example" if project is None else project), ("job", job),
+                ("signal", signal)))
+    after = table(queue_database)
+    for row_id, row in before.items():  # a cancel may end a job of that exact id; nothing else changes
+        if row[3] != decoded(job) or row[1] != ("example" if project is None else decoded(project)):
+            assert after[row_id] == row
+
+
+# --- the Python API -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def queue(database_url):
+    return PostgresSpiderQueue(Config(values={"database_url": database_url}), "p")
+
+
+@pytest.mark.parametrize("args, error, expected", [
+    ({"priority": float("nan")}, InvalidJobError, "priority must be a finite number, not nan"),
+    ({"priority": float("inf")}, InvalidJobError, "priority must be a finite number, not inf"),
+    ({"priority": "abc"}, InvalidJobError, "priority must be a number, not 'abc'"),
+    ({"arg": "a\x00b"}, InvalidJobError, "may not contain NUL characters"),
+    ({"arg": "\udcff"}, InvalidJobError, "must be valid Unicode text"),  # an undecodable byte, surrogate-escaped
+    ({"arg": object()}, InvalidJobError, "JSON-serialisable"),
+    ({"_job": "j" * 2000}, InvalidJobError, "job id is longer than 1000 bytes"),
+    ({"_job": ""}, InvalidJobError, "job id may not be empty"),
+    ({"_job": "taken"}, DuplicateJobError, "job id 'taken' is already pending or running in project 'p'"),
+])
+def test_the_python_api_refuses_bad_jobs_with_a_clear_error(args, error, expected, queue, database_url):
+    queue.add("s", _job="taken")
+    before = table(database_url)
+    with pytest.raises(error) as raised:
+        queue.add("s", **{"_job": "new", **args})
+    assert expected in str(raised.value)
+    assert table(database_url) == before
+
+
+def test_the_python_api_refuses_bad_names(database_url):
+    config = Config(values={"database_url": database_url})
+    with pytest.raises(InvalidJobError, match="project is longer than 1000 bytes"):
+        PostgresSpiderQueue(config, "p" * 1001).add("s")
+    with pytest.raises(InvalidJobError, match="spider name may not contain NUL characters"):
+        PostgresSpiderQueue(config, "p").add("s\x00")
+    assert PostgresSpiderQueue(config, "p").count() == 0
+
+
+def test_the_python_api_stores_sql_metacharacters_exactly(queue):
+    for i, text in enumerate(SQL_METACHARACTERS):
+        queue.add(f"spider{text}", priority=-i, _job=f"job{text}", **{f"arg{text}": text})
+    assert queue.list() == [
+        {"name": f"spider{text}", "_job": f"job{text}", f"arg{text}": text} for text in SQL_METACHARACTERS
+    ]
+
+
+def test_jobs_that_cannot_be_spawned_end_failed_with_the_reason_and_the_slot_lives_on(database_url, tmp_path):
+    """A 1 MB argument (refused by schedule.json) can still come through the Python API: the node records it."""
+    queue = PostgresSpiderQueue(Config(values={"database_url": database_url}), "example")
+    queue.add("sleeper", _job="huge-argument", big="x" * 1024 * 1024)
+    queue.add("sleeper", _job="a/path")
+    queue.add("sleeper", _job="fine")
+    cluster = LocalCluster(database_url, 1, directory=tmp_path, config={"max_proc": "1", "poll_interval": "1"})
+    with cluster, contextlib.closing(_admin(database_url)) as connection, connection.cursor() as cursor:
+        deadline = time.monotonic() + 60
+        while True:
+            cursor.execute("SELECT job, status, outcome, reason FROM spider_job ORDER BY id")
+            rows = cursor.fetchall()
+            if all(status == "terminated" for _, status, _, _ in rows):
+                break
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.2)
+    outcomes = {job: (outcome, reason) for job, _, outcome, reason in rows}
+    assert outcomes["huge-argument"][0] == "failed"
+    assert "Argument list too long" in outcomes["huge-argument"][1]
+    assert outcomes["a/path"][0] == "failed"
+    assert "could not start the crawl" in outcomes["a/path"][1]
+    assert outcomes["fine"] == ("finished", None)  # the only slot was not lost

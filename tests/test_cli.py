@@ -1,0 +1,192 @@
+"""The operator command, ``scrapyd-pgqueue status|requeue|cancel|prune``, run as a real console script.
+
+The queue's state is made through the store, as nodes make it, in the test's own database.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scrapyd_pgqueue.models import FAILED, FINISHED, LOST
+from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobStore
+
+COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
+
+
+def run(database_url, *args, expect=0):
+    """Run the console script with the database URL from the environment, as an operator's shell would pass it."""
+    env = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
+    env["SCRAPYD_DATABASE_URL"] = database_url
+    result = subprocess.run([COMMAND, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def run_json(database_url, *args, expect=0):
+    return json.loads(run(database_url, *args, "--json", expect=expect).stdout)
+
+
+def notifications(connection, timeout=10):
+    assert select.select([connection], [], [], timeout)[0], "no notification"
+    connection.poll()
+    received = [(n.channel, n.payload) for n in connection.notifies]
+    connection.notifies.clear()
+    return received
+
+
+@pytest.fixture
+def store(database_url):
+    return JobStore.for_url(database_url)
+
+
+def finish(store, claimed, *, outcome=FINISHED, reason=None, worker="w1", ended_minutes_ago=0):
+    end = datetime.datetime.now() - datetime.timedelta(minutes=ended_minutes_ago)
+    store.finish_job(project=claimed.project, spider=claimed.message["name"], job=claimed.job,
+                     start_time=end - datetime.timedelta(seconds=5), end_time=end, outcome=outcome, reason=reason,
+                     claimed=claimed, worker=worker)
+
+
+@pytest.fixture
+def busy_queue(store, admin_connection):
+    """Two nodes (node2 silent for a minute), jobs pending in two projects, two running on node1, two ended badly."""
+    store.register_node(worker="w1", name="node1", url="http://node1:6800/", max_proc=4)
+    store.register_node(worker="w2", name="node2", url="http://node2:6800/", max_proc=4)
+    with admin_connection.cursor() as cursor:
+        cursor.execute("UPDATE scrapyd_node SET heartbeat_time = now() - interval '60 seconds' WHERE id = 'w2'")
+    for job in ("failed-1", "lost-1", "run-1", "run-2"):
+        store.enqueue("shop", {"name": "prices", "_job": job})
+    failed, lost, *running = store.claim_next_jobs(None, 4, node="node1", worker="w1")
+    finish(store, failed, outcome=FAILED, reason="exit code 1")
+    finish(store, lost, outcome=LOST, reason="node node9 stopped heart-beating during attempt 3 of 3")
+    for job in ("p-1", "p-2", "p-3"):
+        store.enqueue("shop", {"name": "prices", "_job": job, "day": "monday"})
+    store.enqueue("shop", {"name": "stock", "_job": "p-4"})
+    store.enqueue("news", {"name": "headlines", "_job": "p-5"}, priority=5)
+    return running
+
+
+def test_status_shows_the_queue_at_a_glance(database_url, busy_queue):
+    status = run_json(database_url, "status")
+    assert status["pending"]["total"] == 5
+    assert [(group["project"], group["spider"], group["pending"]) for group in status["pending"]["by_spider"]] == [
+        ("news", "headlines", 1), ("shop", "prices", 3), ("shop", "stock", 1)
+    ]
+    assert all(datetime.datetime.fromisoformat(group["oldest"]) for group in status["pending"]["by_spider"])
+    assert status["running"]["total"] == 2
+    assert {(job["job"], job["node"]) for job in status["running"]["jobs"]} == {("run-1", "node1"), ("run-2", "node1")}
+    nodes = status["nodes"]
+    assert [(node["name"], node["state"], node["running"], node["max_proc"], node["url"]) for node in nodes] == [
+        ("node1", "live", 2, 4, "http://node1:6800/"),
+        ("node2", "silent", 0, 4, "http://node2:6800/"),
+    ]
+    assert status["nodes"][1]["heartbeat_age"] >= 60
+    assert status["finished"] == {"total": 2, "by_outcome": {"failed": 1, "lost": 1}}
+    assert [(job["job"], job["outcome"], job["reason"]) for job in status["troubled"]] == [
+        ("lost-1", "lost", "node node9 stopped heart-beating during attempt 3 of 3"),
+        ("failed-1", "failed", "exit code 1"),
+    ]
+
+    table = run(database_url, "status").stdout
+    assert "Pending: 5" in table and "Running: 2" in table and "Nodes: 1 live" in table
+    assert "Finished (kept): 2 (failed 1, lost 1)" in table
+    lines = [line.split() for line in table.splitlines()]
+    assert ["shop", "prices", "3"] == lines[[line[:2] for line in lines].index(["shop", "prices"])][:3]
+    assert ["node2", "silent", "0", "4"] == next(line for line in lines if line[:1] == ["node2"])[:4]
+    assert ["shop", "prices", "failed-1", "failed", "node1"] == next(line for line in lines if "failed-1" in line)[:5]
+
+
+def test_status_of_an_empty_queue(database_url):
+    assert run_json(database_url, "status") == {
+        "pending": {"total": 0, "by_spider": []},
+        "running": {"total": 0, "jobs": []},
+        "nodes": [],
+        "finished": {"total": 0, "by_outcome": {}},
+        "troubled": [],
+        "recovered": [],
+    }
+    assert "Pending: 0" in run(database_url, "status").stdout
+
+
+def test_status_shows_jobs_recovered_from_a_node_that_went_away(database_url, store, admin_connection):
+    store.enqueue("shop", {"name": "prices", "_job": "again"})
+    store.claim_next_jobs(None, 1, node="node9", worker="w9")
+    with admin_connection.cursor() as cursor:  # node9's lease expired and another node gave the job back
+        cursor.execute("UPDATE spider_job SET status = 'pending' WHERE job = 'again'")
+    store.claim_next_jobs(None, 1, node="node1", worker="w1")
+    recovered = run_json(database_url, "status")["recovered"]
+    assert [(job["job"], job["status"], job["node"], job["attempts"]) for job in recovered] == [
+        ("again", "ongoing", "node1", 2)
+    ]
+
+
+def test_requeue_puts_a_failed_job_back_as_it_was_scheduled(database_url, store, busy_queue, admin_connection):
+    admin_connection.cursor().execute(f"LISTEN {NOTIFY_CHANNEL}")
+    assert "Job failed-1 of project shop is pending again." in run(database_url, "requeue", "failed-1").stdout
+    assert notifications(admin_connection) == [(NOTIFY_CHANNEL, "shop")]  # idle nodes wake at once
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT status, outcome, reason, node, pid, end_time, message FROM spider_job "
+                       "WHERE job = 'failed-1'")
+        assert cursor.fetchone() == ("pending", None, None, None, None, None, {"name": "prices", "_job": "failed-1"})
+    claimed = store.claim_next_jobs(["shop"], 10, node="node1", worker="w1")
+    assert "failed-1" in [job.job for job in claimed]
+
+    # Live already: refused, with the reason.
+    assert "already pending or running" in run(database_url, "requeue", "failed-1", expect=1).stderr
+    assert "no job 'nope'" in run(database_url, "requeue", "nope", expect=1).stderr
+    assert run_json(database_url, "requeue", "lost-1") == {"project": "shop", "job": "lost-1", "status": "pending"}
+
+
+def test_cancel_a_pending_job_or_the_running_one_wherever_it_runs(database_url, busy_queue, admin_connection):
+    admin_connection.cursor().execute(f"LISTEN {CANCEL_CHANNEL}")
+    assert "was pending: cancelled" in run(database_url, "cancel", "p-1").stdout
+    assert run_json(database_url, "cancel", "run-1", "--signal", "TERM") == {
+        "project": "shop", "job": "run-1", "prevstate": "running"}
+    # The node running it (worker w1) is told, and signals it; the request is counted for its heartbeat too.
+    ((channel, payload),) = notifications(admin_connection)
+    request = json.loads(payload)
+    assert (channel, request["job"], request["worker"], request["requests"], request["signal"]) == (
+        CANCEL_CHANNEL, "run-1", "w1", 1, "TERM")
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT job, status, outcome, cancel_requests FROM spider_job "
+                       "WHERE job IN ('p-1', 'run-1') ORDER BY job")
+        assert cursor.fetchall() == [("p-1", "terminated", "cancelled", 0), ("run-1", "ongoing", None, 1)]
+    assert "nothing to cancel" in run(database_url, "cancel", "failed-1", expect=1).stdout
+    assert "--signal must be" in run(database_url, "cancel", "run-1", "--signal", "BOGUS", expect=1).stderr
+
+
+def test_a_job_id_in_two_projects_needs_the_project(database_url, store):
+    store.enqueue("shop", {"name": "prices", "_job": "daily"})
+    store.enqueue("news", {"name": "headlines", "_job": "daily"})
+    error = run(database_url, "cancel", "daily", expect=1).stderr
+    assert "in several projects (news, shop): give --project" in error
+    assert run_json(database_url, "cancel", "daily", "--project", "news")["prevstate"] == "pending"
+
+
+def test_prune_deletes_old_finished_jobs(database_url, store, admin_connection):
+    for i in range(5):
+        store.enqueue("shop", {"name": "prices", "_job": f"old-{i}"})
+    for i, claimed in enumerate(store.claim_next_jobs(None, 5, node="node1", worker="w1")):
+        finish(store, claimed, ended_minutes_ago=[10, 120, 180, 240, 300][i])
+    store.enqueue("shop", {"name": "prices", "_job": "waiting"})
+
+    assert run(database_url, "prune", "--older-than", "2.5h").stdout.strip() == "Deleted 3 finished jobs."
+    assert run_json(database_url, "prune", "--keep", "1") == {"deleted": 1}
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT job FROM spider_job ORDER BY job")
+        assert cursor.fetchall() == [("old-0",), ("waiting",)]  # pending jobs are never pruned
+    assert "needs --keep N, --older-than AGE" in run(database_url, "prune", expect=1).stderr
+    assert "not a duration" in run(database_url, "prune", "--older-than", "soon", expect=2).stderr
+
+
+def test_an_unreachable_database_is_named_without_its_password(database_url):
+    result = run("postgresql://scrapyd:s3cret-pw@127.0.0.1:1/queue", "status", expect=2)
+    assert "127.0.0.1:1/queue" in result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout

@@ -1,0 +1,306 @@
+"""The Docker image and compose file, checked without a Docker engine (this machine has only the client).
+
+The image cannot be built here, so the test replays the Dockerfile: its COPY, RUN and ENV steps build the
+image's file tree under a temporary directory, then a real ``scrapyd`` runs from it with the image's
+environment and command, against a real database, answers the image's HEALTHCHECK command and crawls the
+baked-in example project.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from configparser import ConfigParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scrapyd_pgqueue.devdb import free_port
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+DOCKERFILE = REPOSITORY / "Dockerfile"
+DOCKERIGNORE = REPOSITORY / ".dockerignore"
+COMPOSE_FILE = REPOSITORY / "docker-compose.yml"
+
+
+# --- reading the Dockerfile ------------------------------------------------------------------------------------
+
+
+def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order; continuation lines joined, comments dropped."""
+    instructions, pending = [], ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1].strip() + " "
+            continue
+        keyword, _, arguments = (pending + stripped).partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+        pending = ""
+    return instructions
+
+
+def ignored_by_dockerignore(relative: str) -> bool:
+    """Whether Docker leaves ``relative`` (a path in the build context) out of the context."""
+    patterns = [p.strip().lstrip("/") for p in DOCKERIGNORE.read_text().splitlines()]
+    parts = Path(relative).parts
+    for pattern in (p for p in patterns if p and not p.startswith("#")):
+        if pattern.startswith("**/"):
+            if any(fnmatch.fnmatch(part, pattern[3:]) for part in parts):
+                return True
+        elif fnmatch.fnmatch(relative, pattern) or relative.startswith(pattern.rstrip("/") + "/"):
+            return True
+    return False
+
+
+class ImageReplay:
+    """The image's file tree and settings, built under ``root`` by replaying the Dockerfile's steps."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.workdir = "/"
+        self.env: dict[str, str] = {}
+        self.user = "root"
+        self.home: str | None = None
+        self.installed = False
+        self.exposed: list[str] = []
+        self.healthcheck: str | None = None
+        self.cmd: list[str] | None = None
+        self.base: str | None = None
+
+    def path(self, image_path: str) -> Path:
+        """Where a path of the image lives under ``root``."""
+        absolute = image_path if image_path.startswith("/") else f"{self.workdir.rstrip('/')}/{image_path}"
+        return self.root / absolute.lstrip("/")
+
+    def replay(self, instructions) -> ImageReplay:
+        for keyword, arguments in instructions:
+            getattr(self, f"_{keyword.lower()}")(arguments)
+        return self
+
+    def _from(self, arguments):
+        self.base = arguments
+
+    def _workdir(self, arguments):
+        self.workdir = arguments if arguments.startswith("/") else f"{self.workdir.rstrip('/')}/{arguments}"
+        self.path(self.workdir).mkdir(parents=True, exist_ok=True)
+
+    def _env(self, arguments):
+        for assignment in shlex.split(arguments):
+            key, equals, value = assignment.partition("=")
+            assert equals, f"ENV {arguments!r}: only the KEY=value form is replayed"
+            self.env[key] = value
+
+    def _copy(self, arguments):
+        *sources, destination = shlex.split(arguments)
+        for source in sources:
+            assert (REPOSITORY / source).exists(), f"COPY {source}: not in the build context"
+            assert not ignored_by_dockerignore(source), f"COPY {source}: excluded by .dockerignore"
+            target = self.path(destination)
+            if (REPOSITORY / source).is_dir():
+                shutil.copytree(
+                    REPOSITORY / source,
+                    target,
+                    dirs_exist_ok=True,
+                    ignore=lambda directory, names: [
+                        name for name in names
+                        if ignored_by_dockerignore(str((Path(directory) / name).relative_to(REPOSITORY)))
+                    ],
+                )
+            else:
+                if destination.endswith("/") or destination in (".", "./"):
+                    target = target / Path(source).name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPOSITORY / source, target)
+
+    def _run(self, arguments):
+        for command in (c.strip() for c in arguments.split("&&")):
+            words = shlex.split(command)
+            if words[:3] == ["pip", "install", "."]:
+                # pip install is too slow for a test; the package is installed from this repository already.
+                # What the step needs is the package's build files in the working directory.
+                assert self.path("pyproject.toml").is_file() and self.path("scrapyd_pgqueue/__init__.py").is_file()
+                self.installed = True
+            elif words[:2] == ["rm", "-rf"]:
+                for target in words[2:]:
+                    shutil.rmtree(self.path(target))
+            elif words[:2] == ["ln", "-s"]:
+                target, link = words[2:]
+                self.path(link).parent.mkdir(parents=True, exist_ok=True)
+                self.path(link).symlink_to(self.path(target))
+            elif words[0] == "useradd":
+                self.home = words[words.index("--home-dir") + 1]
+                self.path(self.home).mkdir(parents=True, exist_ok=True)
+            else:
+                pytest.fail(f"the test does not know how to replay RUN {command!r}: teach it")
+
+    def _user(self, arguments):
+        self.user = arguments
+
+    def _expose(self, arguments):
+        self.exposed += arguments.split()
+
+    def _healthcheck(self, arguments):
+        _options, separator, command = arguments.partition(" CMD ")
+        assert separator, "HEALTHCHECK without CMD"
+        self.healthcheck = command
+
+    def _cmd(self, arguments):
+        self.cmd = json.loads(arguments)  # exec form: the process gets docker stop's SIGTERM itself
+
+
+@pytest.fixture
+def image(tmp_path) -> ImageReplay:
+    return ImageReplay(tmp_path / "image").replay(dockerfile_instructions())
+
+
+# --- tests -----------------------------------------------------------------------------------------------------
+
+
+def test_image_installs_the_package_and_bakes_in_the_example_project(image):
+    assert image.base == "python:3.11-slim"
+    assert image.installed
+    assert image.user not in ("root", "0")
+    assert image.home == image.workdir, "the working directory (logs/, eggs/, dbs/) is the user's home"
+    assert image.exposed == ["6800"]
+    assert image.cmd[0] == "scrapyd"
+    # Scrapyd's configuration is where Scrapyd reads it, and it is the repository's scrapyd.cfg.
+    assert image.path("/etc/scrapyd/scrapyd.conf").read_text() == (REPOSITORY / "scrapyd.cfg").read_text()
+    # Scrapy finds the baked-in project in /etc/scrapy.cfg; the project is importable from PYTHONPATH.
+    scrapy_cfg = ConfigParser(interpolation=None)
+    scrapy_cfg.read(image.path("/etc/scrapy.cfg"))
+    module = scrapy_cfg.get("settings", "example")
+    package_dirs = [image.path(p) for p in image.env["PYTHONPATH"].split(os.pathsep)]
+    assert any((d / module.replace(".", "/")).with_suffix(".py").is_file() for d in package_dirs)
+    # The database URL is never baked in.
+    assert "SCRAPYD_DATABASE_URL" not in image.env
+    scrapyd_conf = ConfigParser(interpolation=None)
+    scrapyd_conf.read(image.path("/etc/scrapyd/scrapyd.conf"))
+    assert not scrapyd_conf.has_option("scrapyd", "database_url")
+
+
+def run_healthcheck(image: ImageReplay, env: dict[str, str]) -> int:
+    return subprocess.run(["sh", "-c", image.healthcheck], env=env, cwd=image.path(image.workdir),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30).returncode
+
+
+def test_a_node_laid_out_like_the_image_is_healthy_and_crawls_the_baked_in_project(image, database_url, tmp_path):
+    workdir = image.path(image.workdir)
+    home = image.path(image.home)
+    # Files a test cannot write under /etc, put where the same program reads them with the same effect:
+    # Scrapyd reads ./scrapyd.conf as it would /etc/scrapyd/scrapyd.conf, and Scrapy ~/.scrapy.cfg as it
+    # would /etc/scrapy.cfg. (Not ./scrapy.cfg: Scrapyd would read that one too, and it does not read the
+    # image's /etc/scrapy.cfg.)
+    (workdir / "scrapyd.conf").symlink_to(image.path("/etc/scrapyd/scrapyd.conf"))
+    (home / ".scrapy.cfg").symlink_to(image.path("/etc/scrapy.cfg"))
+
+    port = free_port()
+    env = {key: os.environ[key] for key in ("LANG", "LC_ALL", "TZ") if key in os.environ}
+    # The image's Python is the first on PATH; here, this test's.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+    env.update(image.env)
+    env["PYTHONPATH"] = os.pathsep.join(str(image.path(p)) for p in image.env["PYTHONPATH"].split(os.pathsep))
+    env["HOME"] = str(home)
+    # What `docker run -e ...` / compose gives the container; the bind address keeps this test on loopback.
+    env.update(SCRAPYD_DATABASE_URL=database_url, SCRAPYD_HTTP_PORT=str(port), SCRAPYD_BIND_ADDRESS="127.0.0.1")
+    url = f"http://127.0.0.1:{port}/"
+
+    assert run_healthcheck(image, env) != 0, "healthy before the node even started"
+    with open(tmp_path / "scrapyd.log", "wb") as log:
+        node = subprocess.Popen(image.cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while run_healthcheck(image, env) != 0:
+            assert node.poll() is None, (tmp_path / "scrapyd.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the HEALTHCHECK command never passed"
+            time.sleep(0.5)
+
+        data = urllib.parse.urlencode({"project": "example", "spider": "quotes"}).encode()
+        with urllib.request.urlopen(f"{url}schedule.json", data=data, timeout=60) as response:
+            answer = json.load(response)
+        assert answer["status"] == "ok", answer
+        job = answer["jobid"]
+
+        def finished() -> bool:
+            with urllib.request.urlopen(f"{url}listjobs.json", timeout=30) as response:
+                return job in {j["id"] for j in json.load(response)["finished"]}
+
+        deadline = time.monotonic() + 60
+        while not finished():
+            assert time.monotonic() < deadline, "the crawl did not finish"
+            time.sleep(0.2)
+        crawl_log = (workdir / "logs" / "example" / "quotes" / f"{job}.log").read_text()
+        assert "'item_scraped_count': 5" in crawl_log
+    finally:
+        node.send_signal(signal.SIGTERM)  # docker stop
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()  # docker stop's SIGKILL after its grace period; the assertion below reports it
+            node.wait(10)
+    # twistd shuts down, then exits by the signal it received.
+    assert node.returncode == -signal.SIGTERM
+    assert "Server Shut Down." in (tmp_path / "scrapyd.log").read_text()
+    assert run_healthcheck(image, env) != 0, "healthy after the node stopped"
+
+
+def interpolate(text: str, environment: dict[str, str]) -> str:
+    """Compose's variable substitution: ${NAME}, ${NAME:-default}, ${NAME:?error}."""
+
+    def substitute(match):
+        name, operator, argument = match.groups()
+        value = environment.get(name, "")
+        if not value and operator == ":?":
+            raise LookupError(f"{name}: {argument}")
+        return value or (argument if operator == ":-" else "")
+
+    return re.sub(r"\$\{(\w+)(?:(:[?-])([^}]*))?\}", substitute, text)
+
+
+def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
+    # `docker compose config` needs the compose plugin, absent here: read the file as compose would.
+    with pytest.raises(LookupError, match="POSTGRES_PASSWORD"):
+        interpolate(COMPOSE_FILE.read_text(), {})  # no default password: it must come from the environment
+    compose = yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), {"POSTGRES_PASSWORD": "s3cret"}))
+    services = compose["services"]
+
+    postgres = services["postgres"]
+    assert postgres["image"].startswith("postgres:16")
+    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+    volume = postgres["volumes"][0].split(":")[0]
+    assert volume in compose["volumes"], "the database lives in a named volume"
+    assert postgres["environment"]["POSTGRES_PASSWORD"] == "s3cret"
+
+    scrapyd = services["scrapyd"]
+    assert scrapyd["build"] == "."
+    assert "container_name" not in scrapyd and "ports" not in scrapyd, "fixed names or host ports prevent --scale"
+    assert scrapyd["depends_on"]["postgres"]["condition"] == "service_healthy"
+    database = urllib.parse.urlsplit(scrapyd["environment"]["SCRAPYD_DATABASE_URL"])
+    assert (database.hostname, database.port) == ("postgres", 5432)
+    assert database.username == postgres["environment"]["POSTGRES_USER"]
+    assert database.password == postgres["environment"]["POSTGRES_PASSWORD"]
+    assert database.path == "/" + postgres["environment"]["POSTGRES_DB"]
+
+    # One published address, spread over every replica that Docker's DNS knows by the service's name.
+    (balancer,) = [s for name, s in services.items() if s.get("ports")]
+    assert balancer["ports"] == ["6800:6800"]
+    mount, target = balancer["volumes"][0].split(":")[:2]
+    assert target == "/etc/nginx/nginx.conf"
+    nginx = (REPOSITORY / mount).read_text()
+    assert "listen 6800;" in nginx
+    assert "resolver 127.0.0.11" in nginx, "Docker's DNS, asked again as replicas come and go"
+    assert "set $scrapyd http://scrapyd:6800;" in nginx and "proxy_pass $scrapyd;" in nginx

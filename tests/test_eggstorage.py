@@ -1,0 +1,189 @@
+"""PostgresEggStorage: Scrapyd's egg storage in the database, shared by every node and every crawl subprocess."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from scrapyd.config import Config
+from scrapyd.eggstorage import FilesystemEggStorage
+from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
+from scrapyd.interfaces import IEggStorage
+from zope.interface.verify import verifyObject
+
+from scrapyd_pgqueue import PostgresEggStorage
+from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT
+from scrapyd_pgqueue.store import PROJECTS_CHANNEL
+
+
+@pytest.fixture(scope="module")
+def example_egg(tmp_path_factory) -> bytes:
+    spec = importlib.util.spec_from_file_location("build_egg", EXAMPLE_PROJECT / "build_egg.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_egg(tmp_path_factory.mktemp("egg")).read_bytes()
+
+
+@pytest.fixture
+def storage(scrapyd_config):
+    return PostgresEggStorage(scrapyd_config)
+
+
+def test_implements_ieggstorage(storage):
+    assert verifyObject(IEggStorage, storage)
+
+
+def outcome(call):
+    """What a call returned (eggs read out), or the exception it raised: comparable between two storages."""
+    try:
+        result = call()
+    except Exception as e:  # noqa: BLE001 - the exception is the outcome
+        return type(e).__name__
+    if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
+        with result[1] as egg:
+            return result[0], egg.read()
+    return result
+
+
+def test_behaves_like_scrapyds_filesystem_egg_storage(storage, tmp_path):
+    """The same calls give the same answers: version order, the latest version, missing eggs, deletes."""
+    filesystem = FilesystemEggStorage(Config(values={"eggs_dir": str(tmp_path / "eggs")}))
+    calls = [
+        lambda s: s.list_projects(),
+        lambda s: s.get("p"),
+        lambda s: s.put(io.BytesIO(b"egg 9"), "p", "9"),
+        lambda s: s.put(io.BytesIO(b"egg 10"), "p", "10"),
+        lambda s: s.put(io.BytesIO(b"egg 2"), "p", "2"),
+        lambda s: s.put(io.BytesIO(b"egg r7"), "q", "r7"),
+        lambda s: s.put(io.BytesIO(b"egg r10"), "q", "r10"),
+        lambda s: s.list("p"),  # 2, 9, 10: PEP 440 order
+        lambda s: s.list("q"),  # r10, r7: not PEP 440, so plain string order
+        lambda s: s.get("p"),  # the latest: 10
+        lambda s: s.get("q"),
+        lambda s: s.get("p", "9"),
+        lambda s: s.get("p", "3"),
+        lambda s: s.get("nope"),
+        lambda s: s.put(io.BytesIO(b"egg 9 again"), "p", "9"),  # a second upload of a version replaces it
+        lambda s: s.get("p", "9"),
+        lambda s: sorted(s.list_projects()),
+        lambda s: s.delete("p", "3"),
+        lambda s: s.delete("nope"),
+        lambda s: s.delete("p", "10"),
+        lambda s: s.get("p"),
+        lambda s: s.delete("q", "r7"),
+        lambda s: s.delete("q", "r10"),  # the last version: the project goes too
+        lambda s: s.list_projects(),
+        lambda s: s.list("q"),
+        lambda s: s.delete("p"),
+        lambda s: s.list_projects(),
+    ]
+    assert [outcome(lambda: call(storage)) for call in calls] == [outcome(lambda: call(filesystem)) for call in calls]
+
+
+def test_versions_are_listed_as_deployed_in_pep_440_order(storage):
+    """Unlike Scrapyd's file storage, which lists "1.10" as its file name "1_10" (and so sorts it as text)."""
+    for version in ("1.9", "1.10", "1.2"):
+        storage.put(io.BytesIO(f"egg {version}".encode()), "p", version)
+    assert storage.list("p") == ["1.2", "1.9", "1.10"]
+    version, egg = storage.get("p")
+    assert (version, egg.read()) == ("1.10", b"egg 1.10")
+
+
+def test_delete_raises_scrapyds_exceptions(storage):
+    storage.put(io.BytesIO(b"egg"), "p", "1")
+    with pytest.raises(EggNotFoundError):
+        storage.delete("p", "2")
+    with pytest.raises(ProjectNotFoundError):
+        storage.delete("q")
+
+
+def test_every_node_sees_a_deploy_at_once(scrapyd_config, database_url, admin_connection):
+    """Another node's storage lists it, and every node listening is told which project changed."""
+    admin_connection.cursor().execute(f"LISTEN {PROJECTS_CHANNEL}")
+    other_node = PostgresEggStorage(Config(values={"database_url": database_url, "node_name": "other"}))
+    PostgresEggStorage(scrapyd_config).put(io.BytesIO(b"egg"), "deployed", "1")
+    assert other_node.list_projects() == ["deployed"]
+    assert other_node.list("deployed") == ["1"]
+    assert select.select([admin_connection], [], [], 10)[0]
+    admin_connection.poll()
+    assert [(n.channel, n.payload) for n in admin_connection.notifies] == [(PROJECTS_CHANNEL, "deployed")]
+
+
+CRAWL_SUBPROCESS = textwrap.dedent("""
+    import json, sys
+    from scrapyd.config import Config
+    from scrapyd.utils import initialize_component
+
+    # As scrapyd.runner does: the egg storage from the configuration files, then the egg.
+    eggstorage = initialize_component(Config(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
+    version, egg = eggstorage.get(sys.argv[1])
+    print(json.dumps({
+        "storage": type(eggstorage).__name__,
+        "version": version,
+        "size": len(egg.read()),
+        "reactor_installed": "twisted.internet.reactor" in sys.modules,
+        "alembic_loaded": "alembic" in sys.modules,
+    }))
+""")
+
+
+def node_directory(tmp_path):
+    """A node's working directory whose scrapyd.conf selects the egg storage; the URL comes from the environment."""
+    directory = tmp_path / "node"
+    directory.mkdir()
+    (directory / "scrapyd.conf").write_text("[scrapyd]\neggstorage = scrapyd_pgqueue.PostgresEggStorage\n")
+    return directory
+
+
+def crawl_environment(database_url, tmp_path, **extra):
+    """A crawl subprocess's environment: no example project on the path, so only the egg can provide it."""
+    env = {key: os.environ[key] for key in ("PATH", "LANG") if key in os.environ}
+    env.update(HOME=str(tmp_path), SCRAPYD_DATABASE_URL=database_url, **extra)
+    return env
+
+
+def test_the_crawl_subprocess_gets_its_egg_without_a_reactor_or_migrations(
+    storage, example_egg, database_url, tmp_path
+):
+    storage.put(io.BytesIO(example_egg), "deployed", "1")
+    directory = node_directory(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", CRAWL_SUBPROCESS, "deployed"], cwd=directory,
+        env=crawl_environment(database_url, tmp_path), capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "storage": "PostgresEggStorage",
+        "version": "1",
+        "size": len(example_egg),
+        # Scrapy must still be free to install its own reactor (trap 11), and no crawl pays for Alembic.
+        "reactor_installed": False,
+        "alembic_loaded": False,
+    }
+
+
+def test_scrapyds_runner_runs_a_version_fetched_from_the_database(storage, example_egg, database_url, tmp_path):
+    """scrapyd.runner (as schedule.json's `scrapy list` and every crawl use it) activates the stored egg."""
+    storage.put(io.BytesIO(example_egg), "deployed", "1")
+    storage.put(io.BytesIO(b"PK\x05\x06" + b"\x00" * 18), "deployed", "2")  # an empty ZIP: no project inside
+    directory = node_directory(tmp_path)
+
+    def runner_list(**extra):
+        return subprocess.run(
+            [sys.executable, "-m", "scrapyd.runner", "list"], cwd=directory,
+            env=crawl_environment(database_url, tmp_path, SCRAPY_PROJECT="deployed", **extra),
+            capture_output=True, text=True, timeout=120,
+        )
+
+    pinned = runner_list(SCRAPYD_EGG_VERSION="1")
+    assert pinned.returncode == 0, pinned.stderr
+    assert pinned.stdout.split() == ["quotes", "sleeper"]
+    latest = runner_list()  # version 2, the latest, has no project in it
+    assert latest.returncode != 0 and "BadEggError" in latest.stderr

@@ -1,0 +1,266 @@
+"""Leases: a node that stops heart-beating loses its running jobs to recovery, and no late writer wins.
+
+Store-level tests drive the statements directly with made-up process ids; the last test uses real ``scrapyd``
+processes and a real crawl.
+"""
+
+import dataclasses
+import datetime
+import json
+import time
+
+import pytest
+from sqlalchemy import text
+
+from scrapyd_pgqueue import store as store_module
+from scrapyd_pgqueue.cluster import LocalCluster
+from scrapyd_pgqueue.store import JobStore
+
+NOW = datetime.datetime.now
+
+
+@pytest.fixture
+def store(database_url):
+    return JobStore.for_url(database_url)
+
+
+def register(store, *workers):
+    for worker in workers:
+        store.register_node(worker=worker, name=f"node-{worker}", url=None, max_proc=1)
+
+
+def silence(admin_connection, worker, seconds=60):
+    """Make ``worker``'s last heartbeat ``seconds`` old, as if its process died then."""
+    with admin_connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE scrapyd_node SET heartbeat_time = now() - make_interval(secs => %s) WHERE id = %s",
+            (seconds, worker),
+        )
+
+
+def rows(admin_connection):
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT job, status, outcome, worker, attempts, reason FROM spider_job ORDER BY job")
+        return {row[0]: row[1:] for row in cursor.fetchall()}
+
+
+def enqueue(store, *jobs, project="p"):
+    for job in jobs:
+        store.enqueue(project, {"name": "s", "_job": job})
+
+
+def recover(store, worker="w-live", lease=30, max_attempts=3):
+    return store.recover_expired_leases(worker=worker, lease_seconds=lease, max_attempts=max_attempts)
+
+
+def finish(store, claimed, worker):
+    now = NOW()
+    return store.finish_job(project="p", spider="s", job=claimed.job, start_time=now, end_time=now,
+                            claimed=claimed, worker=worker)
+
+
+def test_an_expired_lease_sends_its_jobs_back_to_pending_with_the_attempt_counted(store, admin_connection):
+    register(store, "w1", "w2", "w-live")
+    enqueue(store, "a", "b", "c")
+    store.claim_next_jobs(None, 2, node="node-w1", worker="w1")
+    store.claim_next_jobs(None, 1, node="node-w2", worker="w2")
+    silence(admin_connection, "w1")
+
+    recovered = recover(store)
+
+    assert sorted((job.job, job.status) for job in recovered) == [("a", "pending"), ("b", "pending")]
+    after = rows(admin_connection)
+    assert after["a"][:1] == after["b"][:1] == ("pending",)
+    assert after["a"][3] == after["b"][3] == 1  # the lost claim stays counted
+    assert after["c"][:2] == ("ongoing", None) and after["c"][2] == "w2"  # a live node keeps its job
+    again = store.claim_next_jobs(None, 5, node="node-w-live", worker="w-live")
+    assert sorted((job.job, job.attempt) for job in again) == [("a", 2), ("b", 2)]
+    assert recover(store) == []  # nothing expired any more
+
+
+def test_live_nodes_and_the_recovering_node_itself_keep_their_jobs(store, admin_connection):
+    register(store, "w1", "w-live")
+    enqueue(store, "a", "b")
+    store.claim_next_jobs(None, 1, node="node-w1", worker="w1")
+    store.claim_next_jobs(None, 1, node="node-w-live", worker="w-live")
+    silence(admin_connection, "w-live")  # its own heartbeat is old: still never its own jobs
+
+    assert recover(store) == []
+    assert recover(store, lease=120) == []  # a lease longer than the silence: nobody expired
+    assert {job: row[0] for job, row in rows(admin_connection).items()} == {"a": "ongoing", "b": "ongoing"}
+
+
+def test_a_job_out_of_attempts_ends_as_lost_with_the_reason(store, admin_connection):
+    register(store, "w1", "w2", "w-live")
+    enqueue(store, "a")
+    for worker in ("w1", "w2"):
+        store.claim_next_jobs(None, 1, node=f"node-{worker}", worker=worker)
+        silence(admin_connection, worker)
+        [recovered] = recover(store, max_attempts=2)
+
+    assert recovered.status == "terminated"
+    status, outcome, worker, attempts, reason = rows(admin_connection)["a"]
+    assert (status, outcome, worker, attempts) == ("terminated", "lost", "w2", 2)
+    assert reason == "node node-w2 stopped heart-beating during attempt 2 of 2"
+    [listed] = store.list_terminated(10)  # listjobs.json shows it finished, with its outcome
+    assert (listed.job, listed.outcome, listed.end_time is not None) == ("a", "lost", True)
+    assert store.claim_next_jobs(None, 1, node="n", worker="w-live") == []  # never run again
+
+
+def test_a_late_node_never_overwrites_a_newer_attempt_nor_finishes_twice(store, admin_connection):
+    register(store, "w1", "w2")
+    enqueue(store, "a")
+    [first] = store.claim_next_jobs(None, 1, node="node-w1", worker="w1")
+    silence(admin_connection, "w1")
+    recover(store, worker="w2")
+    [second] = store.claim_next_jobs(None, 1, node="node-w2", worker="w2")
+
+    assert not store.mark_started(first, worker="w1", pid=1, start_time=NOW())
+    assert not finish(store, first, "w1")
+    assert rows(admin_connection)["a"][:4] == ("ongoing", None, "w2", 2)
+    assert store.mark_started(second, worker="w2", pid=2, start_time=NOW())
+    assert finish(store, second, "w2")
+    assert not finish(store, second, "w2")  # a retried finish of the same claim changes nothing
+    assert not finish(store, first, "w1")
+    assert rows(admin_connection)["a"][:4] == ("terminated", "finished", "w2", 2)
+
+
+def test_a_late_finish_is_kept_while_nobody_claimed_the_job_again(store, admin_connection):
+    register(store, "w1", "w2")
+    enqueue(store, "pending-again", "given-up")
+    claims = {job.job: job for job in store.claim_next_jobs(None, 2, node="node-w1", worker="w1")}
+    silence(admin_connection, "w1")
+    with admin_connection.cursor() as cursor:  # "given-up" has used its last attempt
+        cursor.execute("UPDATE spider_job SET attempts = 3 WHERE job = 'given-up'")
+    store_claims = {**claims, "given-up": dataclasses.replace(claims["given-up"], attempt=3)}
+    recover(store, worker="w2")
+    assert {job: row[:2] for job, row in rows(admin_connection).items()} == {
+        "given-up": ("terminated", "lost"),
+        "pending-again": ("pending", None),
+    }
+
+    # The node was only slow: its crawls ended, and nobody has run the jobs since.
+    assert finish(store, store_claims["pending-again"], "w1")
+    assert finish(store, store_claims["given-up"], "w1")
+    assert {job: row[:2] for job, row in rows(admin_connection).items()} == {
+        "given-up": ("terminated", "finished"),
+        "pending-again": ("terminated", "finished"),
+    }
+    assert store.claim_next_jobs(None, 2, node="node-w2", worker="w2") == []
+
+
+def test_a_stopped_node_jobs_are_recovered_without_waiting_for_the_lease(store, admin_connection):
+    register(store, "w1", "w2")
+    enqueue(store, "a")
+    store.claim_next_jobs(None, 1, node="node-w1", worker="w1")
+    store.stop_node("w1")  # stopped without handing its job back (the database went away meanwhile, say)
+    assert [(job.job, job.status) for job in recover(store, worker="w2")] == [("a", "pending")]
+
+
+def test_recovery_is_one_statement_that_reads_the_running_jobs_index(store, admin_connection):
+    register(store, "w1")
+    with admin_connection.cursor() as cursor:  # a big table: many finished and pending jobs, a few running
+        cursor.execute("""
+            INSERT INTO spider_job (project, spider, job, message, status, outcome, created_time, end_time)
+            SELECT 'p', 's', 'j' || i, '{"name": "s"}', CASE WHEN i % 2 = 0 THEN 'pending' ELSE 'terminated' END,
+                   CASE WHEN i % 2 = 1 THEN 'finished' END, now(), now()
+            FROM generate_series(1, 20000) AS i
+        """)
+    store.claim_next_jobs(None, 3, node="node-w1", worker="w1")
+    with admin_connection.cursor() as cursor:
+        cursor.execute("ANALYZE spider_job")
+        cursor.execute("ANALYZE scrapyd_node")
+    params = {"worker": "w2", "lease_seconds": 30.0, "max_attempts": 3, "now": NOW(),
+              "channel": store_module.NOTIFY_CHANNEL}
+    with store.engine.connect() as connection:
+        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.RECOVER_EXPIRED_LEASES.text), params).scalars())
+    assert "spider_job_ongoing_worker_idx" in plan, plan
+
+
+def test_a_stopping_node_hands_back_only_its_own_current_claims(store, admin_connection):
+    register(store, "w1", "w2")
+    enqueue(store, "a", "b", "last-try")
+    claims = {job.job: job for job in store.claim_next_jobs(None, 3, node="node-w1", worker="w1")}
+    with admin_connection.cursor() as cursor:
+        cursor.execute("UPDATE spider_job SET attempts = 3 WHERE job = 'last-try'")
+    last_try = dataclasses.replace(claims["last-try"], attempt=3)
+    stale_b = dataclasses.replace(claims["b"], attempt=7)  # not the current attempt
+
+    handed_back = store.hand_back([claims["a"], stale_b, last_try], worker="w1", node="node-w1", max_attempts=3)
+    assert store.hand_back([claims["a"]], worker="w2", node="node-w2", max_attempts=3) == []  # not w2's
+
+    assert sorted((job.job, job.status) for job in handed_back) == [("a", "pending"), ("last-try", "terminated")]
+    after = rows(admin_connection)
+    assert after["a"][:1] == ("pending",) and after["a"][3] == 1
+    assert after["b"][:1] == ("ongoing",)
+    assert after["last-try"][:2] == ("terminated", "interrupted")
+    assert after["last-try"][4] == "node node-w1 stopped during attempt 3 of 3"
+
+
+def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection):
+    enqueue(store, "known", "lost-reply", "just-claimed")
+    claims = {job.job: job for job in store.claim_next_jobs(None, 3, node="n1", worker="w1")}
+    with admin_connection.cursor() as cursor:
+        cursor.execute("UPDATE spider_job SET start_time = start_time - interval '5 minutes' WHERE job <> 'just-claimed'")
+
+    released = store.release_forgotten_claims(
+        worker="w1", known_ids=[claims["known"].id], claimed_before=NOW() - datetime.timedelta(minutes=1)
+    )
+
+    assert [job.job for job in released] == ["lost-reply"]
+    assert {job: row[0] for job, row in rows(admin_connection).items()} == {
+        "known": "ongoing", "lost-reply": "pending", "just-claimed": "ongoing",
+    }
+
+
+# --- real nodes ---------------------------------------------------------------------------------------------
+
+LEASE = {"lease_seconds": "4", "heartbeat_interval": "1", "poll_interval": "1", "max_proc": "1"}
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def job_row(admin_connection, job):
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT status, outcome, node, worker, attempts FROM spider_job WHERE job = %s", (job,))
+        return cursor.fetchall()
+
+
+def test_a_node_restarted_under_the_same_name_recovers_its_old_jobs_through_the_old_lease(
+    database_url, admin_connection, tmp_path
+):
+    records = tmp_path / "records"
+    cluster = LocalCluster(database_url, 1, directory=tmp_path / "cluster", config=LEASE,
+                           env={"EXAMPLE_RECORD_DIR": str(records)})
+    [node] = cluster.nodes
+    with cluster:
+        node.post("schedule.json", project="example", spider="sleeper", jobid="long", seconds="3")
+        wait_for(lambda: (records / "runs.jsonl").exists(), 60, "the crawl to start")
+        [(_, _, _, first_worker, _)] = job_row(admin_connection, "long")
+        node.kill()
+        node.end_crawls()  # the crash takes the crawl with it
+        killed_at = time.monotonic()
+        node.start()
+        node.wait_ready()
+
+        [(status, outcome, name, worker, attempts)] = wait_for(
+            lambda: [row for row in job_row(admin_connection, "long") if row[0] == "terminated"], 60,
+            "the job to finish after the restart",
+        )
+        assert (status, outcome, name, attempts) == ("terminated", "finished", "node1", 2)
+        assert worker != first_worker  # a new process: a new lease
+        with admin_connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM scrapyd_node WHERE name = 'node1'")
+            assert cursor.fetchone()[0] == 2
+        runs = [json.loads(line) for line in (records / "runs.jsonl").read_text().splitlines()]
+        assert [run["job"] for run in runs] == ["long", "long"]
+        print(f"restarted node finished its old job {time.monotonic() - killed_at:.1f}s after the kill")
