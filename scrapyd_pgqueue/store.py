@@ -206,27 +206,28 @@ HEARTBEAT = text("UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :wor
 STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
 
 # Recover the jobs of every other process whose lease expired (no heartbeat for :lease_seconds, database clock) or
-# that stopped: back to pending (the claim stays counted in attempts), or terminated as 'lost' once :max_attempts
-# claims are used up; pending ones wake idle nodes. Reads spider_job_ongoing_worker_idx (running jobs only, by
-# owner) joined to the small node table, never the pending or finished rows. Locks owner and job rows, skipping
-# locked ones: a heartbeat or a finish being written at this instant wins, and two nodes recovering at once
-# share the work instead of waiting for each other.
+# that stopped: back to pending (the claim stays counted in attempts); or terminated, as 'cancelled' when cancel.json
+# asked for it (a cancelled job never runs again) or as 'lost' once :max_attempts claims are used up. Pending ones
+# wake idle nodes. Reads spider_job_ongoing_worker_idx (running jobs only, by owner) joined to the small node
+# table, never the pending or finished rows. Locks owner and job rows, skipping locked ones: a heartbeat or a
+# finish being written at this instant wins, and two nodes recovering at once share the work.
 RECOVER_EXPIRED_LEASES = text("""
     WITH expired AS (
-        SELECT j.id, n.name
+        SELECT j.id, n.name,
+               CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempts >= :max_attempts THEN 'lost' END AS outcome
         FROM spider_job AS j JOIN scrapyd_node AS n ON n.id = j.worker
         WHERE j.status = 'ongoing' AND j.worker <> :worker
           AND (n.heartbeat_time < now() - make_interval(secs => :lease_seconds) OR n.stopped_time IS NOT NULL)
         FOR UPDATE OF j, n SKIP LOCKED
     ), recovered AS (
         UPDATE spider_job AS j
-        SET status = CASE WHEN j.attempts >= :max_attempts THEN 'terminated' ELSE 'pending' END,
-            outcome = CASE WHEN j.attempts >= :max_attempts THEN 'lost' END,
-            reason = CASE WHEN j.attempts >= :max_attempts THEN format(
+        SET status = CASE WHEN expired.outcome IS NULL THEN 'pending' ELSE 'terminated' END,
+            outcome = expired.outcome,
+            reason = CASE WHEN expired.outcome IS NOT NULL THEN format(
                 'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
             ) END,
-            end_time = CASE WHEN j.attempts >= :max_attempts THEN :now END,
-            pid = CASE WHEN j.attempts >= :max_attempts THEN j.pid END
+            end_time = CASE WHEN expired.outcome IS NOT NULL THEN :now END,
+            pid = CASE WHEN expired.outcome IS NOT NULL THEN j.pid END
         FROM expired
         WHERE j.id = expired.id
         RETURNING j.id, j.project, j.job, j.status
@@ -235,21 +236,29 @@ RECOVER_EXPIRED_LEASES = text("""
     FROM recovered
 """)
 
-# Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops, or
-# terminate them as 'interrupted' once :max_attempts claims are used up; only while each claim is still its own.
-# Pending ones wake idle nodes.
+# Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
+# terminate them, as 'cancelled' when cancel.json asked for it, or as 'interrupted' once :max_attempts claims are
+# used up. Only while each claim is still its own. Pending ones wake idle nodes.
 HAND_BACK_CLAIMS = text("""
-    WITH handed_back AS (
+    WITH claim AS (
+        SELECT j.id,
+               CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempts >= :max_attempts THEN 'interrupted' END
+                   AS outcome
+        FROM spider_job AS j
+        JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS integer[])) AS mine(id, attempt)
+          ON j.id = mine.id AND j.attempts = mine.attempt
+        WHERE j.status = 'ongoing' AND j.worker = :worker
+    ), handed_back AS (
         UPDATE spider_job AS j
-        SET status = CASE WHEN j.attempts >= :max_attempts THEN 'terminated' ELSE 'pending' END,
-            outcome = CASE WHEN j.attempts >= :max_attempts THEN 'interrupted' END,
-            reason = CASE WHEN j.attempts >= :max_attempts THEN format(
+        SET status = CASE WHEN claim.outcome IS NULL THEN 'pending' ELSE 'terminated' END,
+            outcome = claim.outcome,
+            reason = CASE WHEN claim.outcome IS NOT NULL THEN format(
                 'node %s stopped during attempt %s of %s', :node, j.attempts, :max_attempts
             ) END,
-            end_time = CASE WHEN j.attempts >= :max_attempts THEN :now END,
-            pid = CASE WHEN j.attempts >= :max_attempts THEN j.pid END
-        FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS integer[])) AS claim(id, attempt)
-        WHERE j.id = claim.id AND j.attempts = claim.attempt AND j.status = 'ongoing' AND j.worker = :worker
+            end_time = CASE WHEN claim.outcome IS NOT NULL THEN :now END,
+            pid = CASE WHEN claim.outcome IS NOT NULL THEN j.pid END
+        FROM claim
+        WHERE j.id = claim.id
         RETURNING j.id, j.project, j.job, j.status
     )
     SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified

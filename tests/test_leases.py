@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.cluster import LocalCluster
-from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.store import ClusterStore, JobStore
 
 NOW = datetime.datetime.now
 
@@ -105,6 +105,25 @@ def test_a_job_out_of_attempts_ends_as_lost_with_the_reason(store, admin_connect
     [listed] = store.list_terminated(10)  # listjobs.json shows it finished, with its outcome
     assert (listed.job, listed.outcome, listed.end_time is not None) == ("a", "lost", True)
     assert store.claim_next_jobs(None, 1, node="n", worker="w-live") == []  # never run again
+
+
+def test_a_cancelled_running_job_is_never_handed_back_to_run_again(store, database_url, admin_connection):
+    register(store, "w1", "w2", "w-live")
+    enqueue(store, "dead-node", "stopping-node")
+    [on_dead] = store.claim_next_jobs(["p"], 1, node="node-w1", worker="w1")
+    [on_stopping] = store.claim_next_jobs(["p"], 1, node="node-w2", worker="w2")
+    cluster = ClusterStore.for_url(database_url)
+    assert cluster.cancel_job("p", "dead-node") == cluster.cancel_job("p", "stopping-node") == "running"
+    silence(admin_connection, "w1")
+
+    [recovered] = recover(store)
+    [handed_back] = store.hand_back([on_stopping], worker="w2", node="node-w2", max_attempts=3)
+
+    assert (recovered.job, recovered.status) == ("dead-node", "terminated")
+    assert (handed_back.job, handed_back.status) == ("stopping-node", "terminated")
+    after = rows(admin_connection)
+    assert after["dead-node"][:2] == after["stopping-node"][:2] == ("terminated", "cancelled")
+    assert store.claim_next_jobs(None, 5, node="node-w-live", worker="w-live") == []
 
 
 def test_a_late_node_never_overwrites_a_newer_attempt_nor_finishes_twice(store, admin_connection):
