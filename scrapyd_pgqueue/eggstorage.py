@@ -16,6 +16,7 @@ from scrapyd.eggstorage import sorted_versions
 from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
 from scrapyd.interfaces import IEggStorage
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.db import DatabaseError
 from scrapyd_pgqueue.store import EggStore
 
 
@@ -23,6 +24,7 @@ from scrapyd_pgqueue.store import EggStore
 class PostgresEggStorage:
     def __init__(self, config):
         self.database_url = pgconfig.database_url(config)
+        self.baked_in = {project for project, _ in config.items("settings", default=[])}
 
     @property
     def store(self) -> EggStore:
@@ -32,6 +34,16 @@ class PostgresEggStorage:
         self.store.put_egg(project, version, eggfile.read())
 
     def get(self, project, version=None):
+        try:
+            return self._get(project, version)
+        except DatabaseError:
+            if project not in self.baked_in:
+                raise
+            # A project baked in through [settings] runs without an egg: a crawl starting while the database is
+            # away still runs (Scrapyd itself activates an egg of the same name first when there is one).
+            return None, None
+
+    def _get(self, project, version):
         # All the crawl subprocess calls: it reads a schema its node has migrated, so it skips the check (~0.4 s).
         store = EggStore.for_url(self.database_url, migrate_schema=False)
         if version is None:

@@ -565,7 +565,7 @@ def _store_for_engine(engine: Engine) -> JobStore:
 
 
 # =================================================================================================================
-# One cluster, one truth (issue 6): cluster-wide job answers, cancel anywhere, eggs and logs in the database, and
+# The whole cluster's view: job answers for the web services, cancel anywhere, eggs and logs in the database, and
 # the operator command's queries. Same rules as above: each query one short statement, commented.
 # =================================================================================================================
 

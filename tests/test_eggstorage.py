@@ -187,3 +187,16 @@ def test_scrapyds_runner_runs_a_version_fetched_from_the_database(storage, examp
     assert pinned.stdout.split() == ["quotes", "sleeper"]
     latest = runner_list()  # version 2, the latest, has no project in it
     assert latest.returncode != 0 and "BadEggError" in latest.stderr
+
+
+def test_a_baked_in_project_starts_without_the_database_but_an_egg_project_says_why_not():
+    from scrapyd_pgqueue import devdb
+    from scrapyd_pgqueue.db import DatabaseError
+
+    config = Config(values={"database_url": f"postgresql://nobody@127.0.0.1:{devdb.free_port()}/none"})
+    config.cp.add_section("settings")
+    config.cp.set("settings", "example", "example.settings")
+    storage = PostgresEggStorage(config)
+    assert storage.get("example") == (None, None)  # the crawl runs the baked-in settings module
+    with pytest.raises(DatabaseError, match="127.0.0.1"):
+        storage.get("deployed")
