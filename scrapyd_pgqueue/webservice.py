@@ -31,7 +31,20 @@ def log_path(job) -> str:
     return f"/logs/{job.project}/{job.spider}/{job.job}.log"
 
 
-class ClusterResource(WsResource):
+class DatabaseErrorsAsMessages(resource.Resource):
+    """Answers a database that is away with a plain message in Scrapyd's JSON error, not an exception's name.
+
+    Placed after WsResource in a service's bases: WsResource.render turns the raised error into the JSON.
+    """
+
+    def render(self, txrequest):
+        try:
+            return super().render(txrequest)
+        except DatabaseError as e:
+            raise error.Error(code=http.OK, message=f"the job queue is unavailable: {e}".encode()) from e
+
+
+class ClusterResource(WsResource, DatabaseErrorsAsMessages):
     """A web service over the cluster's tables."""
 
     @functools.cached_property
@@ -281,7 +294,7 @@ def check_schedule_request(args: dict[bytes, list[bytes]]) -> None:
         )
 
 
-class Schedule(ScrapydSchedule):
+class Schedule(ScrapydSchedule, DatabaseErrorsAsMessages):
     """schedule.json that refuses, with a plain message, what the queue cannot store or a crawl cannot start.
 
     Scrapyd's own accepts a 1 MB argument, a NUL byte or a duplicate job id, and the job then fails when it is
@@ -294,5 +307,3 @@ class Schedule(ScrapydSchedule):
             return super().render_POST(txrequest)
         except (DuplicateJobError, InvalidJobError) as e:
             raise _refuse(str(e)) from e
-        except DatabaseError as e:
-            raise _refuse(f"the job could not be queued: {e}") from e
