@@ -11,18 +11,20 @@ import logging
 import os
 import select
 import threading
+import time
 from importlib.resources import files
 
 import psycopg2
 from psycopg2 import sql
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
 STATEMENT_TIMEOUT_MS = 15_000  # no queue statement legitimately runs longer
+PING_AFTER_IDLE_SECONDS = 1.0  # a pooled connection unused this long is checked before use
 # Key of the session advisory lock that serialises migrations between nodes starting together.
 MIGRATION_LOCK_KEY = 0x5C4A_9D0B
 # Alembic's table recording the schema's revision.
@@ -67,7 +69,6 @@ def get_engine(url: str, application_name: str = "scrapyd-pgqueue", migrate_sche
                 normalise_url(url),
                 pool_size=5,
                 max_overflow=10,
-                pool_pre_ping=True,  # a restarted Postgres leaves dead connections in the pool
                 pool_timeout=CONNECT_TIMEOUT,
                 connect_args={
                     "connect_timeout": CONNECT_TIMEOUT,
@@ -80,12 +81,34 @@ def get_engine(url: str, application_name: str = "scrapyd-pgqueue", migrate_sche
                     "keepalives_count": 3,
                 },
             )
+            _ping_connections_after_idle(engine)
             _engines[key] = engine
         if migrate_schema and key not in _migrated:
             with translate_errors(_engines[key].url):
                 migrate(_engines[key])
             _migrated.add(key)
         return _engines[key]
+
+
+def _ping_connections_after_idle(engine: Engine) -> None:
+    """Ping a pooled connection before use only when it sat idle: a restarted Postgres leaves dead connections in
+    the pool, but pinging every checkout (``pool_pre_ping``) doubles the round trips of a busy claim loop."""
+
+    @event.listens_for(engine, "checkin")
+    def checked_in(dbapi_connection, record):
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def checked_out(dbapi_connection, record, proxy):
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            dbapi_connection.rollback()
+        except psycopg2.Error:
+            raise DisconnectionError() from None  # the pool replaces it with a fresh connection
 
 
 class translate_errors:

@@ -87,26 +87,35 @@ ENQUEUE = text("""
     SELECT id, pg_notify(:channel, :project) FROM inserted
 """)
 
-# Claim the next :limit pending jobs of :projects (all projects when NULL) for this node.
-# Shaped for concurrency: the CTE locks rows with FOR UPDATE SKIP LOCKED, so concurrent claimers pass over
-# each other's rows instead of queueing behind them, and it is materialised once, so LIMIT holds (LIMIT = the
-# caller's free slots: a node never takes more than it can start). It reads spider_job_pending_idx (or
-# spider_job_pending_project_idx for one project) from its head in (priority DESC, id) order, so a claim costs
-# the same with a hundred or a million pending rows. The row lock is held only for this statement.
-CLAIM_NEXT_JOBS = text("""
-    WITH next_jobs AS (
-        SELECT id FROM spider_job
-        WHERE status = 'pending' AND (CAST(:projects AS text[]) IS NULL OR project = ANY(:projects))
-        ORDER BY priority DESC, id
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE spider_job AS j
-    SET status = 'ongoing', node = :node, worker = :worker, start_time = :now, attempts = j.attempts + 1
-    FROM next_jobs
-    WHERE j.id = next_jobs.id
-    RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority
-""")
+def _claim_statement(which_projects: str):
+    """The claim, for one way of choosing projects (a fixed SQL fragment, never a value)."""
+    return text(f"""
+        WITH next_jobs AS (
+            SELECT id FROM spider_job
+            WHERE status = 'pending' AND {which_projects}
+            ORDER BY priority DESC, id
+            LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE spider_job AS j
+        SET status = 'ongoing', node = :node, worker = :worker, start_time = :now, attempts = j.attempts + 1
+        FROM next_jobs
+        WHERE j.id = next_jobs.id
+        RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority
+    """)
+
+
+# Claim the next :limit pending jobs for this node: of any project, of the :projects it can run, or of one
+# :project (ISpiderQueue.pop). Shaped for concurrency: the CTE locks rows with FOR UPDATE SKIP LOCKED, so
+# concurrent claimers pass over each other's rows instead of queueing behind them, and it is materialised once,
+# so LIMIT holds (LIMIT = the caller's free slots: a node never takes more than it can start). It reads
+# spider_job_pending_idx from its head in (priority DESC, id) order, so a claim costs the same with a hundred or a
+# million pending rows; one project reads spider_job_pending_project_idx from the head of that project (a list of
+# projects cannot: an ordered index scan takes one value of its leading column). The row lock is held only for
+# this statement.
+CLAIM_NEXT_JOBS = _claim_statement("true")
+CLAIM_NEXT_JOBS_OF_PROJECTS = _claim_statement("project = ANY(:projects)")
+CLAIM_NEXT_JOBS_OF_PROJECT = _claim_statement("project = :project")
 
 # Whether any of :projects (all when NULL) has a pending job: an index probe, unlike COUNT(*).
 HAS_PENDING = text("""
@@ -173,10 +182,12 @@ INSERT_TERMINATED = text("""
     )
 """)
 
-# Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx).
+# Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,
+# at the same time: SKIP LOCKED leaves rows another pruner is deleting to it, instead of deadlocking with it.
 PRUNE_TERMINATED = text("""
     DELETE FROM spider_job WHERE id IN (
         SELECT id FROM spider_job WHERE status = 'terminated' ORDER BY end_time DESC OFFSET :keep
+        FOR UPDATE SKIP LOCKED
     )
 """)
 
@@ -385,15 +396,18 @@ class JobStore:
         """Move up to ``limit`` of the best pending jobs to ``ongoing`` for this node, in claim order."""
         if limit <= 0:
             return []
-        params = {
-            "projects": None if projects is None else list(projects),
-            "limit": limit,
-            "node": node,
-            "worker": worker,
-            "now": _now(),
-        }
+        params = {"limit": limit, "node": node, "worker": worker, "now": _now()}
+        if projects is None:
+            statement = CLAIM_NEXT_JOBS
+        else:
+            params["projects"] = list(projects)
+            if not params["projects"]:
+                return []
+            statement = CLAIM_NEXT_JOBS_OF_PROJECTS
+            if len(params["projects"]) == 1:
+                statement, params["project"] = CLAIM_NEXT_JOBS_OF_PROJECT, params["projects"][0]
         with self.engine.begin() as connection:
-            rows = connection.execute(CLAIM_NEXT_JOBS, params).all()
+            rows = connection.execute(statement, params).all()
         rows.sort(key=lambda row: (-row.priority, row.id))  # RETURNING has no order
         return [ClaimedJob(row.id, row.project, row.job, row.attempts, row.message) for row in rows]
 

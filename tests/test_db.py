@@ -85,3 +85,17 @@ def test_unreachable_database_is_a_quick_error_with_host_and_port_but_no_passwor
     assert f"127.0.0.1:{port}" in message
     assert "s3cr3t-pw" not in message
     assert "s3cr3t-pw" not in repr(raised.value.__cause__)
+
+
+def test_pooled_connections_killed_by_the_server_are_replaced_before_use(scrapyd_config, admin_connection, monkeypatch):
+    queue = PostgresSpiderQueue(scrapyd_config, "p")
+    queue.add("s", _job="before")
+    monkeypatch.setattr(db, "PING_AFTER_IDLE_SECONDS", 0.0)  # every pooled connection counts as idle
+    with admin_connection.cursor() as cursor:  # as a Postgres restart does to every session
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 1
+    queue.add("s", _job="after")  # no error: the dead connection was replaced
+    assert [message["_job"] for message in queue.list()] == ["before", "after"]

@@ -80,3 +80,21 @@ def test_environment_and_password_are_never_stored(database_url, storage, admin_
         [row] = cursor.fetchone()
     assert "hunter2-do-not-store" not in row
     assert "SCRAPYD_DATABASE_URL" not in row
+
+
+def test_nodes_finishing_and_pruning_at_once_never_deadlock(database_url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = Config(values={"database_url": database_url, "finished_to_keep": "2"})
+
+    def finish_many(node):
+        storage = PostgresJobStorage(config)  # one per node; each add() prunes, as every node does
+        for i in range(200):
+            storage.add(finished_process("p", "s", f"{node}-{i}"))
+        return node
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sorted(pool.map(finish_many, range(8))) == list(range(8))  # a deadlock would raise here
+    storage = PostgresJobStorage(config)
+    assert len(storage) == 2
+    assert storage.store.count_terminated() <= 2 + 8  # each node's last prune may skip rows another was deleting

@@ -1,8 +1,12 @@
 """The store's claim under real concurrency: separate OS processes against one table."""
 
+import datetime
 import multiprocessing
 import time
 
+from sqlalchemy import text
+
+from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.store import JobStore
 
 CLAIMERS = 8
@@ -65,11 +69,27 @@ def test_a_recovered_claim_cannot_be_finished_by_its_late_owner(database_url):
     [first] = store.claim_next_jobs(None, 1, node="n1", worker="w1")
     # Another node now holds a newer attempt of the same job (as after a lease recovery).
     with store.engine.begin() as connection:
-        from sqlalchemy import text
-
         connection.execute(text("UPDATE spider_job SET status = 'pending'"))
     [second] = store.claim_next_jobs(None, 1, node="n2", worker="w2")
     assert second.attempt == first.attempt + 1
-    now = first.message and __import__("datetime").datetime.now()
+    now = datetime.datetime.now()
     assert not store.finish_job(project="p", spider="s", job="j", start_time=now, end_time=now, claimed=first, worker="w1")
     assert store.finish_job(project="p", spider="s", job="j", start_time=now, end_time=now, claimed=second, worker="w2")
+
+
+def test_a_small_project_behind_a_large_backlog_is_claimed_from_its_own_index(database_url, admin_connection):
+    store = JobStore.for_url(database_url)
+    with admin_connection.cursor() as cursor:  # a backlog of another project, all ranked above the small one
+        cursor.execute(
+            "INSERT INTO spider_job (project, spider, job, priority, message, status, created_time) "
+            "SELECT 'big', 's', 'b' || i, 10, jsonb_build_object('name', 's', '_job', 'b' || i), 'pending', now() "
+            "FROM generate_series(1, 50000) AS i"
+        )
+        cursor.execute("ANALYZE spider_job")
+    store.enqueue("small", {"name": "s", "_job": "mine"}, priority=-1)
+    params = {"project": "small", "limit": 1, "node": "n", "worker": "w", "now": None}
+    with store.engine.begin() as connection:
+        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.CLAIM_NEXT_JOBS_OF_PROJECT.text), params).scalars())
+    assert "spider_job_pending_project_idx" in plan, plan
+    [claimed] = store.claim_next_jobs(["small"], 1, node="n", worker="w")
+    assert claimed.job == "mine"
