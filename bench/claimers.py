@@ -1,7 +1,8 @@
 """The claim paths compared by the throughput suite, each behind the same small interface.
 
 A claimer is built inside a worker process (after spawn), makes one claim per ``claim()`` call and returns
-whether it got a job. ``KINDS`` maps each series name to its claimer and a label for the tables.
+whether it got a job. ``KINDS`` maps each series name to its claimer and a label for the tables. Everything is
+imported at the top so that a spawned worker has paid its imports before it reports ready.
 """
 
 from __future__ import annotations
@@ -12,8 +13,14 @@ import uuid
 from dataclasses import dataclass
 
 from psycopg2 import sql
+from scrapyd.config import Config
+from scrapyd.spiderqueue import SqliteSpiderQueue
+from sqlalchemy.dialects.postgresql import psycopg2 as psycopg2_dialect
 
 from bench import database
+from scrapyd_pgqueue import store
+from scrapyd_pgqueue.spiderqueue import PostgresSpiderQueue
+from scrapyd_pgqueue.store import JobStore
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,6 @@ class PgQueuePop:
     """(a) ``PostgresSpiderQueue(config, project).pop()``, built from a Scrapyd ``Config`` as Scrapyd builds it."""
 
     def __init__(self, run: ClaimRun, index: int):
-        from scrapyd.config import Config
-
-        from scrapyd_pgqueue import PostgresSpiderQueue
-
         config = Config(values={"database_url": run.database_url, "node_name": _node_name(index)})
         self.queue = PostgresSpiderQueue(config, run.project)
 
@@ -55,8 +58,6 @@ class PgQueueClaimNextJobs:
     """(a) The poller's path: ``JobStore.claim_next_jobs(projects, 1, node=..., worker=...)``."""
 
     def __init__(self, run: ClaimRun, index: int):
-        from scrapyd_pgqueue.store import JobStore
-
         self.store = JobStore.for_url(run.database_url)
         self.projects = [run.project]
         self.node = _node_name(index)
@@ -70,21 +71,24 @@ class PgQueueClaimNextJobs:
 
 
 def bare_claim_statement() -> str:
-    """The text of ``store.CLAIM_NEXT_JOBS`` with psycopg2 placeholders (compiled, so it follows the store)."""
-    from sqlalchemy.dialects.postgresql import psycopg2 as psycopg2_dialect
+    """The store's claim of one project with psycopg2 placeholders (compiled, so it follows the store).
 
-    from scrapyd_pgqueue import store
-
-    return str(store.CLAIM_NEXT_JOBS.compile(dialect=psycopg2_dialect.dialect()))
+    ``CLAIM_NEXT_JOBS_OF_PROJECT`` is the statement (a) sends: ``pop()`` and ``claim_next_jobs([project])`` both
+    claim one project. (``CLAIM_NEXT_JOBS`` is the same claim without a project filter.)
+    """
+    return str(store.CLAIM_NEXT_JOBS_OF_PROJECT.compile(dialect=psycopg2_dialect.dialect()))
 
 
 class BareClaimStatement:
-    """(d) The ceiling: the store's claim statement alone, psycopg2, autocommit off, one commit per claim."""
+    """(d) The ceiling: the store's claim statement alone, psycopg2, autocommit off, one commit per claim.
+
+    The same parameters as (a): one project, limit 1, a node name and a worker id, ``now`` per claim.
+    """
 
     def __init__(self, run: ClaimRun, index: int):
         self.statement = bare_claim_statement()
         self.connection = database.connect(run.database_url)
-        self.params = {"projects": [run.project], "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex}
+        self.params = {"project": run.project, "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex}
 
     def claim(self) -> bool:
         try:
@@ -118,7 +122,8 @@ class SeedLockTable:
             "SELECT id, priority, message, status, project, spider, job, start_time, end_time FROM {} "
             "WHERE status = 'pending' ORDER BY priority DESC LIMIT 1"
         ).format(name)
-        self.update = sql.SQL("UPDATE {} SET status = 'ongoing', start_time = %s WHERE id = %s").format(name)
+        # The ORM flushes only the changed column.
+        self.update = sql.SQL("UPDATE {} SET status = 'ongoing' WHERE id = %s").format(name)
         self.connection = database.connect(run.database_url)
 
     def claim(self) -> bool:
@@ -129,7 +134,7 @@ class SeedLockTable:
                 row = cursor.fetchone()
                 if row is not None:
                     json.loads(bytes(row[2]))  # the article decodes the message it returns
-                    cursor.execute(self.update, (datetime.datetime.now(), row[0]))
+                    cursor.execute(self.update, (row[0],))
             self.connection.commit()
         except Exception:
             self.connection.rollback()
@@ -150,9 +155,6 @@ class ScrapydSqlite:
     """(c) Scrapyd's own ``SqliteSpiderQueue``: one file, shared by the worker processes of this one node."""
 
     def __init__(self, run: ClaimRun, index: int):
-        from scrapyd.config import Config
-        from scrapyd.spiderqueue import SqliteSpiderQueue
-
         self.queue = SqliteSpiderQueue(Config(values={"dbs_dir": run.sqlite_dir}), run.project)
 
     def claim(self) -> bool:
@@ -183,7 +185,7 @@ KINDS = {
         "(b') seed LOCK TABLE, no index (as published)", SeedLockTableAsPublished, database.SEED_TABLE_AS_PUBLISHED
     ),
     "scrapyd_sqlite": Kind("(c) Scrapyd SqliteSpiderQueue", ScrapydSqlite, "sqlite"),
-    "bare_claim_statement": Kind("(d) bare CLAIM_NEXT_JOBS, psycopg2", BareClaimStatement, "spider_job"),
+    "bare_claim_statement": Kind("(d) bare claim statement, psycopg2", BareClaimStatement, "spider_job"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -42,30 +43,35 @@ CREATE_SEED_TABLE = """
 CREATE_SEED_PENDING_INDEX = "CREATE INDEX IF NOT EXISTS {index} ON {table} (priority DESC) WHERE status = 'pending'"
 
 # Pending jobs the way Scrapyd's schedule.json makes them (message = spider args + name + _job + settings),
-# spread over :projects, with ten priority levels interleaved along the ids (7919 is prime: no pattern lines up
-# with the project or spider cycles).
+# spread evenly over :projects, each with a random priority of ten levels (or :priority when given). Priorities
+# come from random() so that they are independent of the project: a pattern tied to the row number lines up with
+# the project cycle and leaves whole projects without their top priorities.
 FILL_SPIDER_JOB = """
     INSERT INTO spider_job (project, spider, job, priority, message, status, created_time)
-    SELECT project, spider, job, priority,
+    SELECT project, spider, job, coalesce(%(priority)s, floor(random() * 10)),
            jsonb_build_object('name', spider, '_job', job, 'settings', jsonb_build_object(), 'category', 'bench'),
            'pending', localtimestamp
     FROM (
         SELECT (%(projects)s::text[])[1 + i %% cardinality(%(projects)s::text[])] AS project,
                'spider' || (i %% 13) AS spider,
-               %(prefix)s || i AS job,
-               ((i * 7919) %% 10)::float8 AS priority
+               %(prefix)s || i AS job
         FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i
     ) AS generated
 """
 
 FILL_SEED_TABLE = """
     INSERT INTO {table} (priority, message, status, project, spider, job)
-    SELECT ((i * 7919) %% 10)::float8,
+    SELECT floor(random() * 10),
            convert_to(json_build_object('name', 'spider' || (i %% 13), '_job', 'seed-' || i,
                                         'settings', json_build_object(), 'category', 'bench')::text, 'UTF8'),
            'pending', %(project)s, 'spider' || (i %% 13), 'seed-' || i
     FROM generate_series(1, %(count)s) AS i
 """
+
+RANDOM_SEED = 0.42  # priorities are random but the same in every run and every backlog
+
+# CASCADE: tables that hang off spider_job (job_log) go with it; the benchmark makes no rows there.
+TRUNCATE_SPIDER_JOB = "TRUNCATE spider_job RESTART IDENTITY CASCADE"
 
 TABLE_STATS = """
     SELECT n_live_tup, n_dead_tup, autovacuum_count, vacuum_count, last_autovacuum, last_vacuum,
@@ -74,6 +80,10 @@ TABLE_STATS = """
            pg_total_relation_size(relid) AS total_bytes
     FROM pg_stat_user_tables WHERE relname = %(table)s
 """
+
+# Exact row counts by status (the statistics' n_live_tup is an estimate, and a flush that arrives after a VACUUM
+# can count a fill twice).
+STATUS_COUNTS = "SELECT status, count(*) FROM spider_job GROUP BY status"
 
 INDEX_SIZES = """
     SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
@@ -155,7 +165,7 @@ def refuse_database_in_use(url: str) -> None:
 def drop_benchmark_rows(url: str) -> None:
     """Leave a given database as found: the queue schema empty, the benchmark's own tables gone."""
     with admin_connection(url) as connection, connection.cursor() as cursor:
-        cursor.execute("TRUNCATE spider_job RESTART IDENTITY")
+        cursor.execute(TRUNCATE_SPIDER_JOB)
         for table in SEED_TABLES:
             cursor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
 
@@ -176,14 +186,17 @@ def prepare_schema(url: str) -> None:
 def fill_spider_job(url: str, count: int, projects: Sequence[str], prefix: str) -> None:
     """Replace the queue with ``count`` fresh pending jobs, then VACUUM ANALYZE as a settled table would be."""
     with admin_connection(url) as connection, connection.cursor() as cursor:
-        cursor.execute("TRUNCATE spider_job RESTART IDENTITY")
+        cursor.execute(TRUNCATE_SPIDER_JOB)
+        cursor.execute("SELECT setseed(%s)", (RANDOM_SEED,))  # the same priorities in every run
         insert_pending(cursor, count, projects, prefix, first=1)
         cursor.execute("VACUUM ANALYZE spider_job")
 
 
-def insert_pending(cursor, count: int, projects: Sequence[str], prefix: str, first: int) -> None:
+def insert_pending(
+    cursor, count: int, projects: Sequence[str], prefix: str, first: int, priority: float | None = None
+) -> None:
     """Add ``count`` pending jobs numbered from ``first`` (job ids ``prefix || n`` must not collide)."""
-    params = {"projects": list(projects), "prefix": prefix, "first": first, "count": count}
+    params = {"projects": list(projects), "prefix": prefix, "first": first, "count": count, "priority": priority}
     cursor.execute(FILL_SPIDER_JOB, params)
 
 
@@ -191,6 +204,7 @@ def fill_seed_table(url: str, table: str, count: int, project: str) -> None:
     with admin_connection(url) as connection, connection.cursor() as cursor:
         name = sql.Identifier(table)
         cursor.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(name))
+        cursor.execute("SELECT setseed(%s)", (RANDOM_SEED,))
         cursor.execute(sql.SQL(FILL_SEED_TABLE).format(table=name), {"count": count, "project": project})
         cursor.execute(sql.SQL("VACUUM ANALYZE {}").format(name))
 
@@ -204,10 +218,8 @@ def fill_scrapyd_sqlite_queue(dbs_dir: Path, project: str, count: int) -> None:
     try:
         # Scrapyd's own DDL (scrapyd.sqlite.JsonSqlitePriorityQueue); "real key" is a type name, not an index.
         connection.execute("CREATE TABLE spider_queue (id integer PRIMARY KEY, priority real key, message blob)")
-        rows = (
-            (float((i * 7919) % 10), _scrapyd_sqlite_message(i))
-            for i in range(1, count + 1)
-        )
+        priorities = random.Random(RANDOM_SEED)
+        rows = ((float(priorities.randrange(10)), _scrapyd_sqlite_message(i)) for i in range(1, count + 1))
         connection.executemany("INSERT INTO spider_queue (priority, message) VALUES (?, ?)", rows)
         connection.commit()
     finally:
@@ -225,14 +237,18 @@ def vacuum(url: str, table: str = "spider_job") -> None:
         cursor.execute(sql.SQL("VACUUM {}").format(sql.Identifier(table)))
 
 
-def table_stats(url: str, table: str = "spider_job") -> dict:
-    """Dead tuples, vacuum counts and sizes of ``table`` as the server reports them now."""
+def table_stats(url: str) -> dict:
+    """Rows, dead tuples, vacuum counts and sizes of spider_job as the server reports them now."""
+    table = "spider_job"
     with admin_connection(url) as connection, connection.cursor() as cursor:
         cursor.execute(TABLE_STATS, {"table": table})
         columns = [column.name for column in cursor.description]
         stats = dict(zip(columns, cursor.fetchone()))
         cursor.execute(INDEX_SIZES, {"table": table})
         stats["index_bytes"] = dict(cursor.fetchall())
+        cursor.execute(STATUS_COUNTS)
+        stats["rows_by_status"] = dict(cursor.fetchall())
+        stats["rows"] = sum(stats["rows_by_status"].values())
     for key in ("last_autovacuum", "last_vacuum"):
         stats[key] = stats[key].isoformat() if stats[key] else None
     return stats

@@ -1,0 +1,89 @@
+"""Tables, targets, the JSON file and the plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+NOT_MEASURED = "not measured"
+
+
+def target(name: str, value: float | None, comparison: str, limit: float, note: str = "") -> dict:
+    """A goal set for the queue and whether this run met it (``None`` value: the run did not measure it)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        met = None
+    elif comparison == ">=":
+        met = value >= limit
+    else:
+        met = value <= limit
+    return {"name": name, "value": value, "comparison": comparison, "limit": limit, "met": met, "note": note}
+
+
+def verdict(met: bool | None) -> str:
+    return NOT_MEASURED if met is None else ("met" if met else "MISSED")
+
+
+def format_targets(targets: Sequence[dict]) -> str:
+    rows = [
+        [t["name"], number(t["value"], 2), f"{t['comparison']} {t['limit']:g}", verdict(t["met"]), t["note"]]
+        for t in targets
+    ]
+    return format_rows(["target", "value", "goal", "verdict", "note"], rows)
+
+
+def number(value, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, int) and digits == 0:
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def megabytes(size: int | None) -> str:
+    return "-" if size is None else f"{size / 1_048_576:,.1f} MB"
+
+
+def format_rows(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain text table: first column left-aligned, the others right-aligned."""
+    cells = [list(map(str, headers))] + [list(map(str, row)) for row in rows]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(headers))]
+
+    def line(row):
+        parts = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([line(cells[0]), rule, *(line(row) for row in cells[1:])])
+
+
+def heading(title: str) -> str:
+    return f"\n{title}\n{'=' * len(title)}"
+
+
+def write_json(path: Path, document: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(document, indent=2, default=str, allow_nan=True) + "\n")
+    temporary.replace(path)  # never leave a half-written file for a reader
+
+
+def pyplot():
+    """matplotlib's pyplot with the Agg backend, or None when the ``bench`` extra is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(plt, figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

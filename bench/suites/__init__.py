@@ -1,0 +1,52 @@
+"""The registry of suites: THE EXTENSION POINT.
+
+A suite is a module with ``SUMMARY``, ``SERIES`` (the series names its result always holds), and three
+functions: ``run(ctx) -> dict``, ``format_table(result) -> str`` and ``plot(result, directory) -> list[Path]``.
+``run`` returns ``{"parameters", "series", "ratios", "targets", "notes"}``; the runner adds timing, writes the
+JSON, prints the table and draws the plots. A suite whose ``run`` is None is planned: listed, never run.
+
+To add a suite: write ``bench/suites/<name>.py`` with that contract and add one ``Suite`` line to ``SUITES``.
+"wakeup" and "idle" were registered here as planned suites before they were written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+from bench.suites import churn, depth, idle, throughput, wakeup
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    module: ModuleType
+
+    @property
+    def summary(self) -> str:
+        return self.module.SUMMARY
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        return self.module.SERIES
+
+    @property
+    def implemented(self) -> bool:
+        return self.module.run is not None
+
+
+# In the order they run. Throughput first: it needs the quietest machine.
+SUITES = [
+    Suite("throughput", throughput),
+    Suite("depth", depth),
+    Suite("churn", churn),
+    # --- extension points: planned suites, not implemented yet (see each module's docstring) ---
+    Suite("wakeup", wakeup),
+    Suite("idle", idle),
+]
+
+SUITES_BY_NAME = {suite.name: suite for suite in SUITES}
+
+
+def implemented() -> list[Suite]:
+    return [suite for suite in SUITES if suite.implemented]

@@ -1,0 +1,69 @@
+"""Smoke test of the benchmark (bench/): quick mode against the suite's Postgres writes every suite's series.
+
+No timing is asserted: the figures depend on the machine. What is checked is that the one command runs the
+throughput, depth and churn suites and every claim path to the end (spawned claimers, barrier, Scrapyd's sqlite
+queue, the seed tables, depth fills, concurrent churn) and writes the JSON with each suite's series. Sizes are cut
+below --quick's to stay well under two minutes; concurrency (4 claimers, 4 churn processes) is kept, as that is
+where things break. A new suite adds its name and series to EXPECTED_SERIES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXPECTED_SERIES = {
+    "throughput": {
+        "pgqueue_pop",
+        "pgqueue_claim_next_jobs",
+        "seed_lock_table",
+        "seed_lock_table_as_published",
+        "scrapyd_sqlite",
+        "bare_claim_statement",
+    },
+    "depth": {"claim_latency", "reads", "claim_latency_small_project"},
+    "churn": {"stages", "during_churn"},
+}
+
+SMOKE_OPTIONS = [
+    "--quick",
+    # The suites this test covers (a suite that starts real Scrapyd nodes takes minutes: not in this smoke test).
+    "--suites", ",".join(EXPECTED_SERIES),
+    "--claimers", "1,4",
+    "--duration", "0.3",
+    "--depths", "1000,20000",
+    "--latency-samples", "30",
+    "--churn-jobs", "1000",
+]
+
+
+def _run_bench(database_url: str, output: Path) -> subprocess.CompletedProcess:
+    # Exactly the user's command, from the repository root; the environment without a database URL of its own.
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("SCRAPYD_")}
+    command = [sys.executable, "-m", "bench", *SMOKE_OPTIONS, "--database-url", database_url, "--output", str(output)]
+    return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=170)
+
+
+@pytest.mark.timeout(180)
+def test_quick_benchmark_writes_every_series(database_url, tmp_path):
+    output = tmp_path / "results.json"
+
+    completed = _run_bench(database_url, output)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    document = json.loads(output.read_text())
+    assert set(document["suites"]) == set(EXPECTED_SERIES)
+    for suite, series in EXPECTED_SERIES.items():
+        assert set(document["suites"][suite]["series"]) == series, suite
+    for name, data in document["suites"]["throughput"]["series"].items():
+        assert [point["claimers"] for point in data["points"]] == [1, 4], name
+    assert [p["pending"] for p in document["suites"]["depth"]["series"]["claim_latency"]["points"]] == [1000, 20000]
+    assert set(document["suites"]["churn"]["series"]["stages"]) == {"fresh", "after_churn", "after_manual_vacuum"}
+    assert output.with_suffix(".txt").exists()
