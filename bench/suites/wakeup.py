@@ -9,7 +9,8 @@ right after the HTTP response, and the job's row is watched until the launcher h
 The row's ``start_time`` is then the launcher's ``datetime.now()`` just before ``spawnProcess`` (naive local
 time, the same clock as the bench's ``datetime.now()``): latency = start_time - response time. It can be slightly
 negative (the spawn can beat the HTTP response); the signed value is kept. Each job is waited for until it has
-finished, then a seeded random pause of 0-1 s keeps scheduling out of step with the nodes' poll timers.
+finished, then a seeded random pause keeps scheduling out of step with the nodes' poll timers: 0-1 s with NOTIFY,
+0-5 s (one poll interval) when polling only, since a shorter pause phase-locks with the timer (see PAUSE_SECONDS).
 
 Scrapy's own start-up (about 0.4 s before the spider exists, GUIDE.md trap 13) comes after the spawn: it is
 excluded, and no queue can remove it.
@@ -37,10 +38,16 @@ MAX_PROC = 2
 POLL_INTERVAL = 5.0  # Scrapyd's default
 MODES = {"notify": "on", "polling": "off"}  # series name -> listen_notify
 PROJECT, SPIDER = "example", "sleeper"
-# Quick is the CI smoke test, under 2 minutes for all suites: a crawl through scrapyd.runner takes ~2.5 s here and
-# a polling wake-up ~1.3 s more, so 8 jobs per mode (plus two cluster start-ups) would not fit.
-JOBS_PER_MODE = {"quick": 5, "full": 40}
-PAUSE_SECONDS = 1.0  # upper bound of the random pause after each job
+# Jobs per mode. Quick is the CI smoke test (all suites under 2 minutes, this one ~45 s): a job costs ~2.7 s with
+# NOTIFY (a crawl through scrapyd.runner takes ~2.2 s here, plus the pause) and ~6 s polling only (wait for a tick,
+# crawl, a pause of up to one interval), and each mode starts a cluster (~6.5 s).
+JOBS = {"quick": {"notify": 5, "polling": 3}, "full": {"notify": 40, "polling": 40}}
+# Upper bound of the seeded random pause after each job, per mode. Polling: a whole poll interval. A crawl here takes
+# 2.5-5 s, close to the 5 s interval, and with a 0-1 s pause the next schedule.json kept landing at the same point
+# of the nodes' timer cycle (measured: latencies either ~0.2 s or ~4.5 s, mean 2.8 s). A pause uniform over one
+# interval makes the schedule's phase against any timer uniform, whatever the crawl's duration. NOTIFY does not
+# depend on the timer: 0-1 s is enough there.
+PAUSE_SECONDS = {"notify": 1.0, "polling": POLL_INTERVAL}
 RANDOM_SEED = 20240613
 START_DEADLINE = POLL_INTERVAL * 2 + 20.0  # seconds for a job to be spawned before the run gives up
 FINISH_DEADLINE = 60.0  # seconds for a spawned crawl to finish
@@ -61,7 +68,7 @@ LISTENERS = """
 def run(ctx: Context) -> dict:
     from scrapyd_pgqueue.cluster import LocalCluster
 
-    jobs = JOBS_PER_MODE[ctx.profile.name]
+    jobs = JOBS[ctx.profile.name]
     pauses = random.Random(RANDOM_SEED)
     series = {}
     for name, listen_notify in MODES.items():
@@ -71,9 +78,10 @@ def run(ctx: Context) -> dict:
         started = time.monotonic()
         with LocalCluster(ctx.database_url, NODES, directory=ctx.workdir / f"wakeup-{name}", config=config) as cluster:
             _wait_idle(ctx, cluster, listening=listen_notify == "on")
-            ctx.log(f"wakeup: {name}: nodes idle after {time.monotonic() - started:.1f} s; {jobs} jobs")
+            ctx.log(f"wakeup: {name}: nodes idle after {time.monotonic() - started:.1f} s; {jobs[name]} jobs")
             ready = time.monotonic()
-            samples = [_one_job(ctx, cluster, name, index, pauses) for index in range(jobs)]
+            samples = [_one_job(ctx, cluster, name, index, pauses, PAUSE_SECONDS[name])
+                       for index in range(jobs[name])]
             measured = time.monotonic()
         series[name] = {"listen_notify": listen_notify, **_summarise(samples),
                         "start_up_s": ready - started, "jobs_s": measured - ready, "jobs": samples}
@@ -88,7 +96,7 @@ def run(ctx: Context) -> dict:
             "jobs_per_mode": jobs,
             "project": PROJECT,
             "spider": SPIDER,
-            "pause_seconds": [0.0, PAUSE_SECONDS],
+            "pause_seconds": {name: [0.0, longest] for name, longest in PAUSE_SECONDS.items()},
             "random_seed": RANDOM_SEED,
         },
         "series": series,
@@ -97,7 +105,8 @@ def run(ctx: Context) -> dict:
             report.target("NOTIFY p50 (ms)", series["notify"]["p50_ms"], "<=", NOTIFY_P50_TARGET_MS,
                           "schedule.json response -> spawnProcess"),
             report.target("NOTIFY p99 (ms)", series["notify"]["p99_ms"], "<=", NOTIFY_P99_TARGET_MS,
-                          f"nearest rank of {jobs} samples" + (": the maximum" if jobs < 100 else "")),
+                          f"nearest rank of {jobs['notify']} samples"
+                          + (": the maximum" if jobs["notify"] < 100 else "")),
         ],
         "notes": _notes(series),
     }
@@ -143,7 +152,7 @@ def _wait_idle(ctx: Context, cluster, listening: bool) -> None:
     time.sleep(0.3)  # let the start-up's own first ticks and claims pass
 
 
-def _one_job(ctx: Context, cluster, mode: str, index: int, pauses: random.Random) -> dict:
+def _one_job(ctx: Context, cluster, mode: str, index: int, pauses: random.Random, longest_pause: float) -> dict:
     node = cluster.nodes[index % len(cluster.nodes)]
     job = f"wakeup-{mode}-{index}-{uuid.uuid4().hex[:8]}"
     answer = node.post("schedule.json", project=PROJECT, spider=SPIDER, jobid=job)
@@ -159,7 +168,7 @@ def _one_job(ctx: Context, cluster, mode: str, index: int, pauses: random.Random
         finished = _watch(cursor, job, lambda row: row is None or row[2] == "terminated", FINISH_DEADLINE,
                           f"finished within {FINISH_DEADLINE:g} s", cluster)
     crawl = time.monotonic() - spawned
-    pause = pauses.uniform(0.0, PAUSE_SECONDS)
+    pause = pauses.uniform(0.0, longest_pause)
     time.sleep(pause)
     return {
         "job": job,
@@ -220,6 +229,9 @@ def _notes(series: dict) -> list[str]:
         f"after a schedule comes {POLL_INTERVAL / (NODES + 1):.2f} s later on average ({POLL_INTERVAL / 2:.1f} s for "
         "Scrapyd's single node); nodes started together have close phases, which moves it towards "
         f"{POLL_INTERVAL / 2:.1f} s. Measured mean {polling['mean_ms'] / 1000:.2f} s",
+        f"random pause after each finished job: 0-{PAUSE_SECONDS['notify']:g} s with NOTIFY, "
+        f"0-{PAUSE_SECONDS['polling']:g} s polling only (a 0-1 s pause phase-locked with the 5 s timer when a crawl "
+        "took ~4.5 s)",
     ]
     for name, data in series.items():
         bad = {outcome: n for outcome, n in data["outcomes"].items() if outcome not in ("finished", "None")}
