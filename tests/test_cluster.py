@@ -11,12 +11,12 @@ import contextlib
 import importlib.util
 import itertools
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT, LocalCluster
+from waiting import wait_for
 
 NODES = 3
 MAX_PROC = 2
@@ -29,16 +29,6 @@ EGG_PROJECT = "eggproject"  # the example project once more, deployed as an egg 
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
-    """Call ``condition`` until it returns something truthy, and return that; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def read_runs(record_dir: Path) -> list[dict]:

@@ -24,6 +24,7 @@ from scrapyd_api import ScrapydAPI
 from scrapyd_client.pyclient import ScrapydClient
 
 from scrapyd_pgqueue.cluster import LocalCluster
+from waiting import wait_for
 
 NODES = 3
 BIN = Path(sys.executable).parent
@@ -36,16 +37,6 @@ BLOCKER_SECONDS = "300"
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
-def wait_for(condition, timeout: float, what: str):
-    """Call ``condition`` until it returns something truthy, and return that; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def without_node_name(answer: dict) -> dict:

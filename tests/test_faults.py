@@ -23,6 +23,7 @@ from sqlalchemy import make_url
 from scrapyd_pgqueue import devdb
 from scrapyd_pgqueue.cluster import LocalCluster
 from scrapyd_pgqueue.store import JobStore
+from waiting import wait_for
 
 SECRET = "fault-s3cret-pw"
 # Short leases so that a dead node is noticed in seconds.
@@ -130,15 +131,6 @@ def runs_of(tmp_path, job) -> list[dict]:
     return [run for run in runs(tmp_path) if run["job"] == job]
 
 
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def jobs(url, *names):

@@ -15,6 +15,7 @@ from sqlalchemy import text
 from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.cluster import LocalCluster
 from scrapyd_pgqueue.store import ClusterStore, JobStore
+from waiting import wait_for
 
 NOW = datetime.datetime.now
 
@@ -237,15 +238,6 @@ def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection)
 LEASE = {"lease_seconds": "4", "heartbeat_interval": "1", "poll_interval": "1", "max_proc": "1"}
 
 
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def job_row(admin_connection, job):
