@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 DATABASE_URL_OPTION = "database_url"
 DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
+LISTEN_URL_OPTION = "listen_url"
+LISTEN_URL_VARIABLE = "SCRAPYD_LISTEN_URL"
+LEASE_LOST_ACTIONS = ("keep", "stop")
 NODE_NAME_VARIABLE = "SCRAPYD_NODE_NAME"
 
 # Identifies this Scrapyd process: its row in scrapyd_node and the owner (lease holder) of the jobs it claims.
@@ -41,6 +44,27 @@ class Settings:
     listjobs_pending_limit: int = 1000
     # Bytes of a finished job's log (its tail) stored in the database for every node to serve; 0: none.
     log_max_bytes: int = 1024 * 1024
+    # Connections of the node's pool (no overflow): with the one listener, the node's whole budget.
+    database_pool_size: int = 2
+    # Seconds any operation (a web request included) waits for the database before it is an error.
+    database_timeout: float = 30.0
+    # Where the one LISTEN connection goes, when database_url is a transaction pooler (holds a password too).
+    listen_url: str = field(default="", repr=False)
+    # What a node does with its crawls once it could not renew its lease for too long: keep them, or stop them
+    # before another node may take their jobs over.
+    on_lease_lost: str = "keep"
+
+    @property
+    def stop_deadline(self) -> float:
+        """Seconds without a renewed lease after which a node sends its crawls SIGTERM (on_lease_lost = stop);
+        they are SIGKILLed stop_timeout later, lease_margin before the lease expires."""
+        return self.lease_seconds - self.lease_margin - self.stop_timeout
+
+    @property
+    def lease_margin(self) -> float:
+        """Seconds before its lease expires (on the database's clock) by which a node has stopped its crawls
+        (on_lease_lost = stop): two heartbeats, for the time a heartbeat takes to reach the database."""
+        return 2 * self.heartbeat_interval
 
 
 def _get(config, option, default=None):
@@ -72,7 +96,10 @@ def settings(config=None) -> Settings:
         except ValueError as e:
             raise ConfigurationError(f"'{option}' must be a number, not {value!r}") from e
 
-    return Settings(
+    on_lease_lost = str(_get(config, "on_lease_lost", "keep")).strip().lower()
+    if on_lease_lost not in LEASE_LOST_ACTIONS:
+        raise ConfigurationError(f"'on_lease_lost' must be one of {', '.join(LEASE_LOST_ACTIONS)}, not {on_lease_lost!r}")
+    result = Settings(
         database_url=database_url(config),
         node_name=node_name(config),
         finished_to_keep=number("finished_to_keep", 100, int),
@@ -83,4 +110,17 @@ def settings(config=None) -> Settings:
         stop_timeout=number("stop_timeout", 5.0),
         listjobs_pending_limit=number("listjobs_pending_limit", 1000, int),
         log_max_bytes=number("log_max_bytes", 1024 * 1024, int),
+        database_pool_size=number("database_pool_size", 2, int),
+        database_timeout=number("database_timeout", 30.0),
+        listen_url=os.environ.get(LISTEN_URL_VARIABLE) or _get(config, LISTEN_URL_OPTION, ""),
+        on_lease_lost=on_lease_lost,
     )
+    if result.database_pool_size < 1:
+        raise ConfigurationError("'database_pool_size' must be at least 1")
+    if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:
+        raise ConfigurationError(
+            f"on_lease_lost = stop needs lease_seconds ({result.lease_seconds:g}) > two heartbeat intervals "
+            f"({result.lease_margin:g}) + stop_timeout ({result.stop_timeout:g}) + one heartbeat interval: "
+            "raise lease_seconds"
+        )
+    return result

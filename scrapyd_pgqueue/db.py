@@ -1,42 +1,183 @@
 """The connector: the only module that knows the driver.
 
-Scrapyd creates queue and storage objects often (per project, on every deploy, in every crawl
-subprocess), so engines are shared per process and URL, and the schema is migrated once per engine.
+Scrapyd creates queue and storage objects often (per project, on every deploy, in every crawl subprocess), so
+engines are shared per process and URL, and the schema is migrated once per engine.
+
+A node's budget of server connections is fixed: a pool of ``database_pool_size`` (default 2, no overflow) for
+every statement of the process, and one listener (``notifications.py``). Nothing here relies on session state
+across transactions, so ``database_url`` may point at PgBouncer in transaction pooling mode: timeouts ride on
+each statement (``SET LOCAL`` in the same query string), the migration lock is a transaction-level advisory
+lock, and psycopg2 prepares nothing on the server.
+
+Every wait is bounded on the client side too. A server that is stopped (SIGSTOP, a VM pause) or a path that
+went silent still ACKs or drops packets without an error, and neither TCP keepalives nor ``statement_timeout``
+fire while a statement waits for an answer. So psycopg2 runs in its non-blocking ("green") mode with a wait
+callback that gives up at the calling thread's deadline (``deadline()``), closing the connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import random
 import select
 import threading
 import time
 from importlib.resources import files
 
 import psycopg2
-from psycopg2 import sql
+import psycopg2.extensions
 from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
 STATEMENT_TIMEOUT_MS = 15_000  # no queue statement legitimately runs longer
-PING_AFTER_IDLE_SECONDS = 1.0  # a pooled connection unused this long is checked before use
-# Key of the session advisory lock that serialises migrations between nodes starting together.
+DEFAULT_POOL_SIZE = 2  # connections of a node's pool (database_pool_size)
+DEFAULT_TIMEOUT = 30.0  # seconds an operation may wait for the database (database_timeout)
+# Key of the transaction-level advisory lock that serialises migrations between nodes starting together.
 MIGRATION_LOCK_KEY = 0x5C4A_9D0B
+MIGRATION_TIMEOUT = 120.0  # waiting for another node's migration included
 # Alembic's table recording the schema's revision.
 VERSION_TABLE = "scrapyd_pgqueue_version"
+# Timeouts for the server, sent with every statement in the same query string: one round trip, no session state
+# (so PgBouncer's transaction pooling keeps them), and an autocommit statement stays one implicit transaction.
+STATEMENT_PREFIX = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; SET LOCAL lock_timeout = {STATEMENT_TIMEOUT_MS}; "
+# What a server (or PgBouncer) says when it has no connection to spare, or cannot serve one yet: worth waiting for.
+BUSY_SERVER_MESSAGES = (
+    "too many clients",
+    "too many connections",  # for a role's or a database's CONNECTION LIMIT
+    "remaining connection slots are reserved",
+    "no more connections allowed",  # PgBouncer: max_client_conn
+    "the database system is starting up",
+    "the database system is shutting down",
+    "pgbouncer cannot connect to server",
+)
+# TCP settings of every connection: a dead peer is noticed within seconds when idle (keepalives), and data sent
+# but never acknowledged (a cut path) fails the connection after tcp_user_timeout milliseconds.
+TCP_SETTINGS = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 _engines: dict[tuple[int, str], Engine] = {}
 _migrated: set[tuple[int, str]] = set()  # engines whose schema this process has brought to the newest version
 _engines_lock = threading.Lock()
+_timeouts: dict[Engine, float] = {}  # each engine's time allowed for one operation
+_deadlines = threading.local()
 
 
 class DatabaseError(RuntimeError):
     """The database could not do what was asked; the message never holds the password."""
+
+
+class DatabaseTimeout(psycopg2.OperationalError):
+    """The database did not answer before the caller's deadline; the connection was closed."""
+
+
+# --- bounded waits -------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Bound every database wait of this thread inside the block to ``seconds`` from now (nested: the earliest)."""
+    outer = getattr(_deadlines, "at", None)
+    at = time.monotonic() + seconds
+    _deadlines.at = at if outer is None else min(outer, at)
+    try:
+        yield
+    finally:
+        _deadlines.at = outer
+
+
+def remaining_time() -> float | None:
+    """Seconds left before this thread's deadline, None without one."""
+    at = getattr(_deadlines, "at", None)
+    return None if at is None else at - time.monotonic()
+
+
+def _wait_for_socket(connection) -> None:
+    """psycopg2's wait callback: poll the non-blocking connection until done, or give up at the deadline."""
+    while True:
+        state = connection.poll()
+        if state == psycopg2.extensions.POLL_OK:
+            return
+        left = remaining_time()
+        if left is not None and left <= 0:
+            # psycopg2 closes a connection whose wait failed: a statement still on its way is abandoned with it.
+            raise DatabaseTimeout("no answer in the time allowed")
+        fileno = connection.fileno()
+        if state == psycopg2.extensions.POLL_READ:
+            select.select([fileno], [], [], left)
+        elif state == psycopg2.extensions.POLL_WRITE:
+            select.select([], [fileno], [], left)
+        else:
+            raise psycopg2.OperationalError(f"unexpected state from the connection: {state}")
+
+
+psycopg2.extensions.set_wait_callback(_wait_for_socket)
+
+
+@contextlib.contextmanager
+def operation(engine: Engine, seconds: float | None = None):
+    """One store operation: bounded by the engine's timeout (or ``seconds``), driver errors as DatabaseError."""
+    seconds = _timeouts.get(engine, DEFAULT_TIMEOUT) if seconds is None else seconds
+    left = remaining_time()
+    seconds = seconds if left is None else max(0.0, min(seconds, left))
+    with translate_errors(engine.url, seconds), deadline(seconds):
+        yield
+
+
+def engine_for_settings(settings) -> Engine:
+    """The engine of a node: its pool size and operations' timeout come from its configuration."""
+    return get_engine(
+        settings.database_url, pool_size=settings.database_pool_size, timeout=settings.database_timeout,
+        application_name=application_name(settings.node_name),
+    )
+
+
+def application_name(node_name: str, role: str = "") -> str:
+    """How a node's connections show in pg_stat_activity (Postgres keeps 63 bytes)."""
+    return f"scrapyd-pgqueue{role} {node_name}"[:63]
+
+
+# How far the database's clock is ahead of this process's (seconds), learnt from each heartbeat.
+_clock_offset = 0.0
+ANSWER_MARGIN = 1.0  # seconds a statement's effect must precede the caller's deadline by: the reply's way back
+
+
+def learn_clock_offset(database_clock: float, sent: float, received: float) -> None:
+    global _clock_offset
+    _clock_offset = database_clock - (sent + received) / 2
+
+
+def answer_by() -> float:
+    """The database-clock time (Unix seconds) after which a write of this thread's operation must not happen: by
+    then the caller has given up and answered an error, so a late write would be a ghost."""
+    left = remaining_time()
+    left = DEFAULT_TIMEOUT if left is None else left
+    return time.time() + _clock_offset + left - min(ANSWER_MARGIN, left / 2)
+
+
+def too_late(engine: Engine, what: str) -> DatabaseError:
+    """The error of a write that reached the database after its caller's deadline (see ``answer_by``)."""
+    return DatabaseError(f"database at {describe(engine.url)}: answered too late; {what}")
+
+
+def autocommit(engine: Engine):
+    """A connection for one statement: no BEGIN and COMMIT around it (it is atomic alone), one round trip."""
+    return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+
+# --- engines -------------------------------------------------------------------------------------------------
 
 
 def normalise_url(url: str) -> URL:
@@ -52,12 +193,19 @@ def describe(url: str | URL) -> str:
     return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
 
 
-def get_engine(url: str, application_name: str = "scrapyd-pgqueue", migrate_schema: bool = True) -> Engine:
+def get_engine(
+    url: str,
+    *,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    timeout: float = DEFAULT_TIMEOUT,
+    migrate_schema: bool = True,
+    application_name: str = "scrapyd-pgqueue",
+) -> Engine:
     """The process's engine for ``url``, created (and the schema migrated) on first use.
 
-    ``migrate_schema=False`` is for the crawl subprocess, which only reads eggs from a schema its node has
-    migrated: the migration check costs about 0.4 s of Alembic start-up in every crawl. A later call without it
-    still migrates the same engine once.
+    The first call in a process sets the pool's size and the operations' timeout. ``migrate_schema=False`` only
+    reads a schema someone else migrated (the migration check costs about 0.4 s of Alembic start-up); a later
+    call without it still migrates the same engine once.
     """
     key = (os.getpid(), url)
     engine = _engines.get(key)
@@ -65,66 +213,135 @@ def get_engine(url: str, application_name: str = "scrapyd-pgqueue", migrate_sche
         return engine
     with _engines_lock:
         if key not in _engines:
-            engine = create_engine(
-                normalise_url(url),
-                pool_size=5,
-                max_overflow=10,
-                pool_timeout=CONNECT_TIMEOUT,
-                connect_args={
-                    "connect_timeout": CONNECT_TIMEOUT,
-                    "application_name": application_name,
-                    "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}",
-                    # Notice a silently dead server (a pulled cable, a frozen VM) within seconds.
-                    "keepalives": 1,
-                    "keepalives_idle": 5,
-                    "keepalives_interval": 2,
-                    "keepalives_count": 3,
-                },
-            )
-            _ping_connections_after_idle(engine)
-            _engines[key] = engine
+            _engines[key] = _create_engine(url, pool_size, timeout, application_name)
         if migrate_schema and key not in _migrated:
-            with translate_errors(_engines[key].url):
+            with operation(_engines[key], MIGRATION_TIMEOUT):
                 migrate(_engines[key])
             _migrated.add(key)
         return _engines[key]
 
 
-def _ping_connections_after_idle(engine: Engine) -> None:
-    """Ping a pooled connection before use only when it sat idle: a restarted Postgres leaves dead connections in
-    the pool, but pinging every checkout (``pool_pre_ping``) doubles the round trips of a busy claim loop."""
+def _create_engine(url: str, pool_size: int, timeout: float, application_name: str) -> Engine:
+    engine = create_engine(
+        normalise_url(url),
+        pool_size=pool_size,
+        max_overflow=0,  # the budget is fixed: busy means wait (pool_timeout), never one more connection
+        pool_timeout=timeout,
+        connect_args={"application_name": application_name, **TCP_SETTINGS},
+    )
+    _timeouts[engine] = timeout
+    _connect_patiently(engine)
+    _discard_connections_closed_by_the_server(engine)
+    _send_timeouts_with_every_statement(engine)
+    return engine
 
-    @event.listens_for(engine, "checkin")
-    def checked_in(dbapi_connection, record):
-        record.info["idle_since"] = time.monotonic()
+
+def _send_timeouts_with_every_statement(engine: Engine) -> None:
+    @event.listens_for(engine, "before_cursor_execute", retval=True)
+    def with_timeouts(connection, cursor, statement, parameters, context, executemany):
+        return STATEMENT_PREFIX + statement, parameters
+
+
+def _discard_connections_closed_by_the_server(engine: Engine) -> None:
+    """Check a pooled connection before use without a round trip: an idle connection has nothing to read, unless
+    the server closed it (a restart, pg_terminate_backend, PgBouncer's idle timeout sent a message and EOF)."""
 
     @event.listens_for(engine, "checkout")
     def checked_out(dbapi_connection, record, proxy):
-        idle_since = record.info.get("idle_since")
-        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_SECONDS:
-            return
+        if dbapi_connection.closed or select.select([dbapi_connection.fileno()], [], [], 0)[0]:
+            raise DisconnectionError()  # the pool replaces it with a fresh connection
+
+
+def _connect_patiently(engine: Engine) -> None:
+    """Connect within CONNECT_TIMEOUT; a server with no connection to spare is waited for until the deadline."""
+
+    @event.listens_for(engine, "do_connect")
+    def connect(dialect, record, cargs, cparams):
+        return connect_when_served(lambda: dialect.dbapi.connect(*cargs, **cparams), engine.url)
+
+
+def connect_when_served(connect, url: URL | str):
+    """``connect()``, retried with a growing, jittered pause while the server says it is full or starting up, until
+    this thread's deadline. Logged once a minute with a count, not once per attempt."""
+    pause = 0.05
+    while True:
         try:
-            with dbapi_connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            dbapi_connection.rollback()
-        except psycopg2.Error:
-            raise DisconnectionError() from None  # the pool replaces it with a fresh connection
+            with deadline(CONNECT_TIMEOUT):
+                return connect()
+        except psycopg2.OperationalError as e:
+            reason = first_line(e)
+            left = remaining_time()
+            if not any(busy in reason for busy in BUSY_SERVER_MESSAGES) or left is None or left < pause:
+                raise
+            busy_server_log.report(f"database at {describe(url)} refused a connection, waiting: {reason}")
+            time.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(pause * 2, 2.0)
+
+
+def first_line(error: BaseException) -> str:
+    message = str(error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
 
 
 class translate_errors:
     """Turn driver errors into ``DatabaseError`` naming host and port (SQLAlchemy hides the password)."""
 
-    def __init__(self, url: URL):
+    def __init__(self, url: URL, seconds: float | None = None):
         self.url = url
+        self.seconds = seconds  # the operation's time allowed, for the message of a timeout
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is not None and isinstance(exc, DBAPIError):
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        if isinstance(exc, PoolTimeout):
+            raise DatabaseError(
+                f"database at {describe(self.url)}: every connection of this node's pool (database_pool_size) "
+                f"stayed busy for {self.seconds or 0:.3g} s"
+            ) from exc
+        if isinstance(exc, DBAPIError):
+            reason = first_line(exc.orig) if exc.orig else type(exc).__name__
+            if isinstance(exc.orig, DatabaseTimeout):
+                reason = f"no answer within {self.seconds or 0:.3g} s"
             raise DatabaseError(f"database at {describe(self.url)}: {reason}") from exc
         return False
+
+
+class ThrottledLog:
+    """Says a recurring problem once, then at most once per ``every`` seconds with how often it recurred."""
+
+    def __init__(self, emit, every: float = 60.0):
+        self.emit = emit
+        self.every = every
+        self.lock = threading.Lock()
+        self.last_said: dict[str, float] = {}
+        self.unsaid: dict[str, int] = {}
+
+    def report(self, message: str, key: str | None = None) -> None:
+        key = message if key is None else key
+        now = time.monotonic()
+        with self.lock:
+            said = self.last_said.get(key)
+            if said is not None and now - said < self.every:
+                self.unsaid[key] = self.unsaid.get(key, 0) + 1
+                return
+            repeats = self.unsaid.pop(key, 0)
+            self.last_said[key] = now
+        if repeats:
+            message += f" ({repeats} more times in the last {now - said:.0f} s)"
+        self.emit(message)
+
+    def clear(self, key: str) -> None:
+        """The problem is over: say it again at once if it comes back."""
+        with self.lock:
+            self.last_said.pop(key, None)
+            self.unsaid.pop(key, None)
+
+
+busy_server_log = ThrottledLog(log.warning)
+
+
+# --- schema --------------------------------------------------------------------------------------------------
 
 
 @functools.cache
@@ -140,9 +357,7 @@ def _schema_revisions(connection) -> set[str]:
     from alembic.runtime.migration import MigrationContext
 
     context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    revisions = set(context.get_current_heads())
-    connection.rollback()
-    return revisions
+    return set(context.get_current_heads())
 
 
 def migrate(engine: Engine) -> None:
@@ -156,92 +371,22 @@ def migrate(engine: Engine) -> None:
 
     config = _alembic_config()
     newest = set(ScriptDirectory.from_config(config).get_heads())
-    with engine.connect() as connection:
+    with autocommit(engine) as connection:
         current = _schema_revisions(connection)
-        if current == newest:
-            return
-        # A session lock (held across the migration's own transaction): the other nodes wait, then find
-        # the schema current and do nothing.
-        connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-        connection.commit()
+    if current == newest:
+        return
+    # One transaction holding a transaction-level lock (PgBouncer keeps it, unlike a session lock): the other
+    # nodes wait for it, then find the schema current and do nothing.
+    with engine.begin() as connection:
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        config.attributes["connection"] = connection
         try:
-            config.attributes["connection"] = connection
-            try:
-                command.upgrade(config, "head")
-            except DBAPIError as e:
-                if getattr(e.orig, "pgcode", None) != "42501":  # insufficient_privilege
-                    raise
-                connection.rollback()
-                raise DatabaseError(
-                    f"database at {describe(engine.url)}: the schema is at revision {sorted(current) or 'none'}, "
-                    f"this version of scrapyd_pgqueue needs {sorted(newest)}, and this database role may not "
-                    "change it: run `scrapyd-pgqueue migrate` once as the schema's owner"
-                ) from None
-            connection.commit()
-        finally:
-            connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
-            connection.commit()
-
-
-class NotificationListener(threading.Thread):
-    """LISTEN on channels in a thread of its own and hand each notification to ``on_notify(channel, payload)``.
-
-    A thread with a blocking ``select`` rather than a socket watched by Twisted's reactor: libpq closes the
-    socket itself when the server goes away, and an epoll reactor then keeps a stale descriptor registered.
-    Reconnects for ever with a capped backoff and calls ``on_reconnect()`` after each reconnect, since
-    notifications sent while it was away are lost (NOTIFY is a hint; the caller's polling is the floor).
-    """
-
-    def __init__(self, url: str, channels, on_notify, on_reconnect=None, name: str = "pgqueue-listener"):
-        super().__init__(name=name, daemon=True)
-        self.url = url
-        self.channels = list(channels)
-        self.on_notify = on_notify
-        self.on_reconnect = on_reconnect
-        self.stopping = threading.Event()
-        self.connected = threading.Event()
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-    def run(self) -> None:
-        backoff = 0.2
-        first = True
-        while not self.stopping.is_set():
-            connection = None
-            try:
-                connection = self._connect()
-                self.connected.set()
-                backoff = 0.2
-                if not first and self.on_reconnect is not None:
-                    self.on_reconnect()
-                first = False
-                while not self.stopping.is_set():
-                    if select.select([connection], [], [], 1.0)[0]:
-                        connection.poll()
-                        while connection.notifies:
-                            notify = connection.notifies.pop(0)
-                            self.on_notify(notify.channel, notify.payload)
-            except Exception as e:  # noqa: BLE001 - any failure: reconnect
-                self.connected.clear()
-                log.warning("notification listener on %s lost its connection (%s); reconnecting",
-                            describe(self.url), str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                if connection is not None:
-                    connection.close()
-
-    def _connect(self):
-        url = normalise_url(self.url)
-        connection = psycopg2.connect(
-            host=url.host, port=url.port or 5432, user=url.username, password=url.password, dbname=url.database,
-            connect_timeout=CONNECT_TIMEOUT, application_name="scrapyd-pgqueue-listener",
-            keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-            **url.query,
-        )
-        connection.autocommit = True
-        with connection.cursor() as cursor:
-            for channel in self.channels:
-                cursor.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-        return connection
+            command.upgrade(config, "head")
+        except DBAPIError as e:
+            if getattr(e.orig, "pgcode", None) != "42501":  # insufficient_privilege
+                raise
+            raise DatabaseError(
+                f"database at {describe(engine.url)}: the schema is at revision {sorted(current) or 'none'}, "
+                f"this version of scrapyd_pgqueue needs {sorted(newest)}, and this database role may not "
+                "change it: run `scrapyd-pgqueue migrate` once as the schema's owner"
+            ) from None

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -27,9 +29,27 @@ SERVER_SETTINGS = {
 
 
 def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port outside the kernel's ephemeral range: a port found by binding port 0 comes from that
+    range, and one of a hundred local nodes' outgoing connections can take it before the node listens."""
+    low, high = _ephemeral_ports()
+    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
+    for _ in range(100):
+        port = random.choice(candidates)
+        with contextlib.closing(socket.socket()) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port outside the ephemeral range after 100 tries")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def docker_engine_answers(timeout: float = 2.0) -> bool:
@@ -99,6 +119,21 @@ class LocalPostgres:
         self.stop("immediate")
         shutil.rmtree(self.base, ignore_errors=True)
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Every process of the server stopped (SIGSTOP) inside the block: a storage stall or a VM pause, as
+        clients see it (connections stay open, the kernel still acknowledges what they send, nothing answers)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        processes = [postmaster, *map(int, children)]
+        for pid in processes:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in processes:
+                os.kill(pid, signal.SIGCONT)
+
 
 class ContainerPostgres:
     """Postgres in a Docker container bound to a fixed loopback port, so a restart keeps the URL."""
@@ -127,6 +162,129 @@ class ContainerPostgres:
 
     def remove(self) -> None:
         self.container.stop()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """The container frozen (docker pause) inside the block: see LocalPostgres.paused."""
+        self.container.get_wrapped_container().pause()
+        try:
+            yield
+        finally:
+            self.container.get_wrapped_container().unpause()
+
+
+def pgbouncer_binary() -> str:
+    found = shutil.which("pgbouncer") or next((p for p in ["/usr/sbin/pgbouncer"] if os.path.exists(p)), None)
+    if found is None:
+        raise RuntimeError("no pgbouncer: install it (Debian: apt-get install pgbouncer)")
+    return found
+
+
+class LocalPgBouncer:
+    """Debian's PgBouncer in transaction pooling mode in front of ``server_url``, on a free loopback port.
+
+    Every database of that server is reachable through it under the same name (a wildcard entry), so a client
+    swaps only host and port (``url_for``). Postgres sees at most ``pool_size`` connections per database and
+    user from it. Like production PgBouncer it refuses the ``options`` startup parameter.
+    """
+
+    def __init__(self, server_url: str, *, pool_size: int = 20, max_client_conn: int = 2000):
+        from sqlalchemy import make_url
+
+        self.server = make_url(server_url)
+        self.port = free_port()
+        self.url = self.url_for(server_url)
+        self.base = Path(tempfile.mkdtemp(prefix="scrapyd-pgqueue-pgbouncer-"))
+        self.config = self.base / "pgbouncer.ini"
+        self.logfile = self.base / "pgbouncer.log"
+        self.process: subprocess.Popen | None = None
+        self.users = {"postgres", self.server.username or "postgres"}
+        self._write_users()
+        self.config.write_text(f"""[databases]
+* = host={self.server.host or '127.0.0.1'} port={self.server.port or 5432}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.base / 'users.txt'}
+admin_users = postgres
+stats_users = postgres
+pool_mode = transaction
+default_pool_size = {pool_size}
+max_db_connections = {pool_size}
+max_client_conn = {max_client_conn}
+ignore_startup_parameters = extra_float_digits
+server_reset_query =
+logfile = {self.logfile}
+""")
+        if os.geteuid() == 0:  # PgBouncer refuses to run as root
+            for path in self.base.iterdir():
+                shutil.chown(path, "postgres", "postgres")
+            shutil.chown(self.base, "postgres", "postgres")
+
+    def _write_users(self) -> None:
+        # auth_type = trust still wants each user listed (the server behind trusts them all).
+        (self.base / "users.txt").write_text("".join(f'"{user}" ""\n' for user in sorted(self.users)))
+
+    def allow(self, user: str) -> None:
+        """Let ``user`` in too (a role created after start)."""
+        self.users.add(user)
+        self._write_users()
+        if self.process is not None and self.process.poll() is None:
+            self.show("RELOAD")
+
+    def url_for(self, url: str) -> str:
+        """``url`` (a database on the same server) through this PgBouncer."""
+        from sqlalchemy import make_url
+
+        return make_url(url).set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
+
+    def start(self) -> None:
+        command = [pgbouncer_binary(), str(self.config)]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    log = self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+                    raise RuntimeError(f"pgbouncer did not start on port {self.port}:\n{log[-2000:]}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # runuser passes SIGTERM on
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def show(self, command: str) -> list[dict]:
+        """A ``SHOW ...`` of PgBouncer's admin console (SHOW POOLS, SHOW CLIENTS, SHOW SERVERS), as dicts."""
+        import psycopg2
+
+        connection = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="pgbouncer")
+        connection.autocommit = True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(command)
+                if cursor.description is None:
+                    return []
+                names = [column.name for column in cursor.description]
+                return [dict(zip(names, row)) for row in cursor.fetchall()]
+        finally:
+            connection.close()
 
 
 def _wait_until_accepting(port: int, timeout: float = 60.0) -> None:

@@ -1,13 +1,18 @@
 """IEggStorage in Postgres: deploy once (addversion.json, scrapyd-deploy) through any node, run on every node.
 
-Every node lists the same projects and versions, and each crawl subprocess (``scrapyd.runner``) fetches its egg
-from the database. That subprocess imports this module before Scrapy picks its reactor: nothing here may import
-``twisted.internet.reactor`` (or ``scrapyd.launcher``). Other nodes learn about a change from a NOTIFY (see
-``events.py``).
+Every node lists the same projects and versions. A crawl opens no database connection to start: before spawning
+it, the node (a long-lived process) finds the egg the job runs, keeps it as a file in ``eggs_dir`` keyed by the
+egg's row id (a redeployed version gets a new id, so a cached file is never stale), and hands the crawl its path
+in ``SCRAPYD_PGQUEUE_EGG`` (empty: the project has no egg, it is baked in). The crawl subprocess
+(``scrapyd.runner``) imports this module before Scrapy picks its reactor: nothing here may import
+``twisted.internet.reactor`` (or ``scrapyd.launcher``), and the store (SQLAlchemy) is imported only when used.
+Other nodes learn about a change from a NOTIFY (see ``events.py``).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from io import BytesIO
 
 from zope.interface import implementer
@@ -16,24 +21,33 @@ from scrapyd.eggstorage import sorted_versions
 from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
 from scrapyd.interfaces import IEggStorage
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.store import EggStore
+
+# Set by the node for each crawl: the path of the egg to run, or empty when the project has none.
+EGG_FILE_VARIABLE = "SCRAPYD_PGQUEUE_EGG"
 
 
 @implementer(IEggStorage)
 class PostgresEggStorage:
     def __init__(self, config):
-        self.database_url = pgconfig.database_url(config)
+        self.config = config
         self.baked_in = {project for project, _ in config.items("settings", default=[])}
+        self.cache_dir = os.path.abspath(os.path.join(config.get("eggs_dir", "eggs"), "pgqueue"))
 
     @property
-    def store(self) -> EggStore:
-        return EggStore.for_url(self.database_url)
+    def store(self):
+        from scrapyd_pgqueue.store import EggStore
+
+        return EggStore.for_settings(pgconfig.settings(self.config))
 
     def put(self, eggfile, project, version):
         self.store.put_egg(project, version, eggfile.read())
 
     def get(self, project, version=None):
+        egg_file = os.environ.get(EGG_FILE_VARIABLE)
+        if egg_file is not None:  # a crawl started by our launcher: the node fetched the egg
+            return (None, None) if not egg_file else (version, open(egg_file, "rb"))
+        from scrapyd_pgqueue.db import DatabaseError
+
         try:
             return self._get(project, version)
         except DatabaseError:
@@ -44,8 +58,10 @@ class PostgresEggStorage:
             return None, None
 
     def _get(self, project, version):
-        # All the crawl subprocess calls: it reads a schema its node has migrated, so it skips the check (~0.4 s).
-        store = EggStore.for_url(self.database_url, migrate_schema=False)
+        from scrapyd_pgqueue.store import EggStore
+
+        # A crawl started by another launcher: it reads a schema its node has migrated, so it skips the check.
+        store = EggStore.for_url(pgconfig.database_url(self.config), migrate_schema=False)
         if version is None:
             versions = sorted_versions(store.egg_versions(project))
             if not versions:
@@ -53,6 +69,26 @@ class PostgresEggStorage:
             version = versions[-1]
         egg = store.get_egg(project, version)
         return (None, None) if egg is None else (version, BytesIO(egg))
+
+    def egg_file(self, project: str, version: str | None = None) -> str:
+        """Node side, off the reactor: the path of the egg a job of ``project`` runs (the newest version unless
+        pinned), fetched into the cache when not there yet; '' when the project has no such egg."""
+        store = self.store
+        ids = store.egg_ids(project)  # version -> egg id: one small query, no egg
+        if version is None:
+            version = sorted_versions(ids)[-1] if ids else None
+        if version not in ids:
+            return ""
+        path = os.path.join(self.cache_dir, f"{ids[version]}.egg")
+        if not os.path.exists(path):
+            egg = store.egg_by_id(ids[version])
+            if egg is None:  # deleted meanwhile
+                return ""
+            os.makedirs(self.cache_dir, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.cache_dir, suffix=".part", delete=False) as part:
+                part.write(egg)
+            os.replace(part.name, path)  # whole or absent: a crawl never reads half an egg
+        return path
 
     def list(self, project):
         return sorted_versions(self.store.egg_versions(project))

@@ -1,8 +1,8 @@
 """What a node acts on when the cluster changes elsewhere: cancel requests for its crawls, deployed or deleted eggs.
 
 Another node's cancel.json reaches the node running the job; an egg deployed through another node becomes known
-here without a restart. A NotificationListener (a thread and connection of its own, which reconnects) hears both at
-once; NOTIFY is only a hint, so the launcher's heartbeat calls ``check()`` to read the same state as the floor.
+here without a restart. The node's one listener (``notifications.py``, shared with the poller) hears both;
+NOTIFY is only a hint, so the launcher's heartbeat calls ``check()`` to read the same state as the floor.
 Used by ``PostgresLauncher``; runs on the reactor thread except where noted.
 """
 
@@ -16,7 +16,7 @@ from twisted.logger import Logger
 from scrapyd.interfaces import ISpiderScheduler
 from scrapyd.webservice import spider_list
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.db import NotificationListener
+from scrapyd_pgqueue import notifications
 from scrapyd_pgqueue.store import CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, ClusterStore, EggStore
 
 log = Logger()
@@ -25,33 +25,25 @@ log = Logger()
 class ClusterEvents:
     def __init__(self, launcher):
         self.launcher = launcher
-        self.database_url = launcher.settings.database_url
-        self.listener: NotificationListener | None = None
+        self.settings = launcher.settings
         self.eggs: dict[str, tuple[int, int]] | None = None  # the egg catalogue last seen
 
     def start(self):
         try:
-            self.eggs = EggStore.for_url(self.database_url).egg_catalogue()
+            self.eggs = EggStore.for_settings(self.settings).egg_catalogue()
         except Exception as e:  # noqa: BLE001 - the first heartbeat that reaches the database reads it
             log.error("Could not read the egg catalogue: {error}", error=e)
-        self.listener = NotificationListener(
-            self.database_url, [CANCEL_CHANNEL, PROJECTS_CHANNEL], self._notified,
-            on_reconnect=lambda: reactor.callFromThread(self.check), name="pgqueue-cluster-events",
-        )
-        self.listener.start()
+        if not self.settings.listen_notify:
+            return  # the heartbeat's check() alone
+        listener = notifications.listener_for(self.settings)
+        listener.subscribe(CANCEL_CHANNEL, self._cancel_requested, on_reconnect=lambda: reactor.callFromThread(self.check))
+        listener.subscribe(PROJECTS_CHANNEL, lambda project: reactor.callFromThread(self.refresh_projects, [project]))
 
-    def stop(self):
-        if self.listener is not None:
-            self.listener.stop()
-
-    def _notified(self, channel, payload):
-        """Listener thread: hand the event to the reactor."""
-        if channel == CANCEL_CHANNEL:
-            request = CancelRequest(**json.loads(payload))
-            if request.worker == pgconfig.WORKER_ID:
-                reactor.callFromThread(self.deliver_cancels, [request])
-        elif channel == PROJECTS_CHANNEL:
-            reactor.callFromThread(self.refresh_projects, [payload])
+    def _cancel_requested(self, payload):
+        """Listener thread: hand a cancel request for one of this node's crawls to the reactor."""
+        request = CancelRequest(**json.loads(payload))
+        if request.worker == pgconfig.WORKER_ID:
+            reactor.callFromThread(self.deliver_cancels, [request])
 
     def check(self):
         """The floor under NOTIFY (every heartbeat, and after the listener reconnects)."""
@@ -63,8 +55,8 @@ class ClusterEvents:
         )
 
     def _read_state(self):
-        cancels = ClusterStore.for_url(self.database_url).requested_cancels(pgconfig.WORKER_ID)
-        return cancels, EggStore.for_url(self.database_url).egg_catalogue()
+        cancels = ClusterStore.for_settings(self.settings).requested_cancels(pgconfig.WORKER_ID)
+        return cancels, EggStore.for_settings(self.settings).egg_catalogue()
 
     def _apply_state(self, state):
         cancels, eggs = state

@@ -45,10 +45,10 @@ class FinishedJob:
 class PostgresJobStorage:
     def __init__(self, config):
         settings = pgconfig.settings(config)
-        self.store = JobStore.for_url(settings.database_url)
+        self.store = JobStore.for_settings(settings)
         self.node = settings.node_name
         self.finished_to_keep = settings.finished_to_keep
-        self.cluster_store = ClusterStore.for_url(settings.database_url)
+        self.cluster_store = ClusterStore.for_settings(settings)
         self.logs_dir = config.get("logs_dir", "logs") if config is not None else ""
         self.log_max_bytes = settings.log_max_bytes
 

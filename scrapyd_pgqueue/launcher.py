@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import sys
 import threading
@@ -31,9 +32,12 @@ from twisted.application.internet import TimerService
 from twisted.internet import defer, error, reactor, task, threads
 from twisted.logger import Logger
 
-from scrapyd.interfaces import IEnvironment, IPoller
+from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.db import ThrottledLog
+from scrapyd_pgqueue.eggstorage import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.events import ClusterEvents
 from scrapyd_pgqueue.models import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.store import JobStore
@@ -53,6 +57,7 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
 
     claimed = None  # the poller's ClaimedJob: finishing the row is conditional on it
     handed_back = False  # killed by a stopping node and handed back to the queue: not recorded
+    lease_lost = False  # stopped because this node could not renew its lease (on_lease_lost = stop): handed back
     exit_code = None
     outcome = None
     reason = None
@@ -77,12 +82,14 @@ class PostgresLauncher(Launcher):
     def __init__(self, config, app):
         super().__init__(config, app)
         self.settings = pgconfig.settings(config)
-        self.store = JobStore.for_url(self.settings.database_url)
+        self.store = JobStore.for_settings(self.settings)
         self.url = self._node_url(config)
         self.unrecorded: list[ScrapyProcessProtocol] = []  # finished jobs whose finish is not written yet
         self.flushing = False
         self.upkeep = TimerService(self.settings.heartbeat_interval, self.keep_up)
         self.lease = LeaseKeeper(self)
+        self.lease_watch = LeaseWatch(self, self.lease) if self.settings.on_lease_lost == "stop" else None
+        self.lease_lost_claims = []  # claims of crawls stopped by lease_watch: handed back once the database answers
         self.events = ClusterEvents(self)  # cancel requests and egg changes from other nodes
         self.stopping = False
         self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
@@ -102,6 +109,8 @@ class PostgresLauncher(Launcher):
     def startService(self):
         self.register()
         self.lease.start()
+        if self.lease_watch is not None:
+            self.lease_watch.start()
         self.events.start()
         self.upkeep.startService()
         super().startService()
@@ -114,7 +123,6 @@ class PostgresLauncher(Launcher):
             stop_claiming()
         stopping = self._stop_gracefully()
         stopping.addErrback(lambda failure: log.failure("Graceful stop failed", failure))
-        stopping.addBoth(lambda _: self.events.stop())  # after the crawls: they can still be cancelled meanwhile
         return stopping.addBoth(lambda _: super(PostgresLauncher, self).stopService())
 
     @defer.inlineCallbacks
@@ -177,6 +185,7 @@ class PostgresLauncher(Launcher):
         self.events.check()  # cancel requests and egg changes whose NOTIFY this node missed
         if self.stopping or self.lease.healthy_since is None:
             return None  # a stopping node hands its claims back itself; a database that is away is left alone
+        self._hand_back_lease_lost_claims()
         running = [*self.processes.values(), *self.unrecorded]
         known_ids = {process.claimed.id for process in running if process.claimed is not None}
         known_ids.update(claimed.id for claimed in getattr(self.poller, "claims", {}).values())
@@ -188,6 +197,22 @@ class PostgresLauncher(Launcher):
             .addCallback(self._log_released, "was claimed by this node but its claim's reply was lost")
             .addErrback(lambda failure: log.error("Could not look for lost claims: {e}", e=failure.getErrorMessage()))
         )
+
+    def _hand_back_lease_lost_claims(self):
+        """The jobs whose crawls lease_watch stopped go back to the queue (unless another node took them over)."""
+        claims, self.lease_lost_claims = self.lease_lost_claims, []
+        if not claims:
+            return
+
+        def failed(failure):
+            self.lease_lost_claims.extend(claims)  # next heartbeat
+            log.error("Could not hand back {count} jobs stopped for a lost lease: {error}", count=len(claims),
+                      error=failure.getErrorMessage())
+
+        threads.deferToThread(
+            self.store.hand_back, claims, worker=pgconfig.WORKER_ID, node=self.settings.node_name,
+            max_attempts=self.settings.max_attempts,
+        ).addCallbacks(self._log_released, failed, callbackArgs=("was stopped for a lost lease and handed back",))
 
     def _log_released(self, released, how):
         """Reactor thread: log jobs taken from a node, and claim at once what went back to pending."""
@@ -202,11 +227,32 @@ class PostgresLauncher(Launcher):
     def _spawn_process(self, message, slot):
         take_claim = getattr(self.poller, "take_claim", None)
         claimed = take_claim(message) if take_claim is not None else None
-        project = message["_project"]
         if self.stopping:  # claimed while the stop began: handed back with the rest
             if claimed is not None:
                 self.unstarted.append(claimed)
             return
+        # The node fetches the egg (from its cache when current), so the crawl opens no database connection.
+        egg_file = getattr(self.app.getComponent(IEggStorage), "egg_file", None)
+        if egg_file is None:
+            return self._spawn_crawl(None, message, slot, claimed)
+        (
+            threads.deferToThread(egg_file, message["_project"], message.get("_version"))
+            .addErrback(self._egg_not_fetched, message)
+            .addCallback(self._spawn_crawl, message, slot, claimed)
+        )
+
+    @staticmethod
+    def _egg_not_fetched(failure, message):
+        log.error("Could not fetch the egg of project {project} for job {job}, the crawl looks it up itself: {error}",
+                  project=message["_project"], job=message["_job"], error=failure.getErrorMessage())
+        return None
+
+    def _spawn_crawl(self, egg, message, slot, claimed):
+        if self.stopping:  # the stop began while the egg was fetched
+            if claimed is not None:
+                self.unstarted.append(claimed)
+            return
+        project = message["_project"]
         process = PostgresProcessProtocol(project, message["_spider"], message["_job"], {}, [])
         process.claimed = claimed
         try:
@@ -215,6 +261,8 @@ class PostgresLauncher(Launcher):
             message["settings"].update(environment.get_settings(message))
             env = environment.get_environment(message, slot)
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
+            if egg is not None:
+                env[EGG_FILE_VARIABLE] = egg
             args = [sys.executable, "-m", self.runner, "crawl", *get_crawl_args(message)]
             process.env, process.args = env, args
             process.deferred.addBoth(self._process_finished, slot)
@@ -236,7 +284,9 @@ class PostgresLauncher(Launcher):
     def _process_finished(self, _, slot):
         process = self.processes.pop(slot)
         process.end_time = datetime.datetime.now()
-        if not process.handed_back:
+        if process.lease_lost and process.claimed is not None:
+            self.lease_lost_claims.append(process.claimed)
+        elif not process.handed_back:
             self._record_finished(process)
         if not self.stopping:
             self._get_message(slot)  # always: a failing job storage must not cost the slot
@@ -278,37 +328,62 @@ class LeaseKeeper(threading.Thread):
 
     A thread of its own, not the reactor: schedule.json runs ``scrapy list`` on the reactor and the web services
     wait for the database on it, so it can be busy for seconds while the node's crawls run on, and that must not
-    cost the node its jobs. Recovery waits for an unbroken lease of successful heartbeats (see the module's
-    docstring); a stopping node keeps its lease until it has handed its jobs back, and recovers nobody's.
+    cost the node its jobs. A stopping node keeps its lease until it has handed its jobs back, and recovers
+    nobody's.
+
+    A stall is not a death. A heartbeat is *prompt* when it completes within one heartbeat interval (it is given
+    no longer); one that fails, or is slow, means the database (or the path to it) stalled, and then every other
+    node's heartbeat was held up just the same. So this node recovers other nodes' jobs only once its own
+    heartbeats have been prompt without a break for a whole lease: any node that is alive has beaten again within
+    that lease (the interval is much shorter), and only nodes that are really gone lose their jobs, whether the
+    database was down, stalled for longer than the lease, or this node itself was cut off.
+
+    ``on_lease_lost = stop``: measured on this node's monotonic clock from the *start* of its last successful
+    heartbeat (the database stamped the lease after that), a node that has not renewed its lease for
+    ``stop_deadline`` seconds sends its crawls SIGTERM, and SIGKILL ``stop_timeout`` later, which is
+    ``lease_margin`` (two heartbeat intervals) before any other node may take the jobs over.
     """
 
     def __init__(self, launcher: PostgresLauncher):
         super().__init__(name="pgqueue-lease", daemon=True)
         self.launcher = launcher
+        self.settings = launcher.settings
         self.stopping = threading.Event()
-        self.healthy_since: float | None = None  # monotonic time since every heartbeat succeeded; None: failing
+        self.healthy_since: float | None = None  # monotonic start of the unbroken run of prompt heartbeats
+        self.renewed_at = time.monotonic()  # start of the last successful heartbeat (registration counts)
+        self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
+        self.told: set[int] = set()  # jobs already reported taken over
 
     def stop(self) -> None:
         self.stopping.set()
 
     def run(self) -> None:
+        interval = self.settings.heartbeat_interval
         while not self.stopping.is_set():
+            started = time.monotonic()
             try:
-                self.beat()
-            except Exception as e:  # noqa: BLE001 - the database is away: try again next beat
+                with db.deadline(interval):
+                    self.beat(started)
+            except Exception as e:  # noqa: BLE001 - the database is away or stalled: try again next beat
                 self.healthy_since = None
-                log.error("Heartbeat failed: {error}", error=e)
-            self.stopping.wait(self.launcher.settings.heartbeat_interval)
+                self.trouble.report(f"Heartbeat failed: {e}", key="heartbeat")
+            self.stopping.wait(max(0.0, interval - (time.monotonic() - started)))
 
-    def beat(self) -> None:
-        launcher, settings = self.launcher, self.launcher.settings
+    def beat(self, started: float) -> None:
+        launcher, settings = self.launcher, self.settings
         if not launcher.store.heartbeat(pgconfig.WORKER_ID):
             launcher.store.register_node(
                 worker=pgconfig.WORKER_ID, name=settings.node_name, url=launcher.url, max_proc=launcher.max_proc
             )
         now = time.monotonic()
+        self.renewed_at = started
+        if now - started > settings.heartbeat_interval:  # not prompt: the database stalled
+            self.healthy_since = None
+            return
         if self.healthy_since is None:
-            self.healthy_since = now
+            self.healthy_since = started
+            self.trouble.clear("heartbeat")
+            self.report_jobs_taken_over()
         if launcher.stopping or now - self.healthy_since < settings.lease_seconds:
             return
         recovered = launcher.store.recover_expired_leases(
@@ -316,3 +391,63 @@ class LeaseKeeper(threading.Thread):
         )
         if recovered:
             reactor.callFromThread(launcher._log_released, recovered, "was recovered from a node whose lease expired")
+
+
+
+    def report_jobs_taken_over(self) -> None:
+        """After a break: say, once per job, which of this node's crawls another node took over meanwhile."""
+        launcher = self.launcher
+        crawls = [*launcher.processes.copy().values(), *list(launcher.unrecorded)]
+        claims = [crawl.claimed for crawl in crawls if crawl.claimed is not None and crawl.claimed.id not in self.told]
+        for job in launcher.store.claims_taken_over(claims, worker=pgconfig.WORKER_ID):
+            self.told.add(job.id)
+            where = {
+                "ongoing": f"{job.node} runs it now",
+                "pending": "it waits to run again",
+            }.get(job.status, f"it ended as {job.outcome} on {job.node}")
+            log.warn("Job {job} of project {project} ran on {node} after its lease expired; {where}",
+                     job=job.job, project=job.project, node=self.settings.node_name, where=where)
+
+
+class LeaseWatch(threading.Thread):
+    """``on_lease_lost = stop``: stops this node's crawls before its lease can expire (see LeaseKeeper).
+
+    A thread of its own that signals the crawl processes directly: the reactor may be blocked for as long as a web
+    request waits for a database that does not answer, and the heartbeat thread for one heartbeat.
+    """
+
+    CHECK_EVERY = 0.25
+
+    def __init__(self, launcher: PostgresLauncher, keeper: LeaseKeeper):
+        super().__init__(name="pgqueue-lease-watch", daemon=True)
+        self.launcher = launcher
+        self.keeper = keeper
+        self.settings = launcher.settings
+        self.stopping = keeper.stopping
+
+    def run(self) -> None:
+        term_at, kill_at = self.settings.stop_deadline, self.settings.stop_deadline + self.settings.stop_timeout
+        signalled = None
+        while not self.stopping.wait(self.CHECK_EVERY):
+            silent = time.monotonic() - self.keeper.renewed_at
+            if silent < term_at:
+                signalled = None
+            elif signalled is None:
+                signalled = "TERM"
+                self.signal_crawls(signal.SIGTERM, silent)
+            elif signalled == "TERM" and silent >= kill_at:
+                signalled = "KILL"
+                self.signal_crawls(signal.SIGKILL, silent)
+
+    def signal_crawls(self, signum: int, silent: float) -> None:
+        for process in list(self.launcher.processes.copy().values()):
+            process.lease_lost = True  # before the signal: its end is then not recorded, its job handed back
+            if process.pid is None:
+                continue
+            log.warn("Lease not renewed for {silent:.0f}s (on_lease_lost = stop): sending {signal} to the crawl of "
+                     "job {job} of project {project}; it goes back to the queue once the database answers",
+                     silent=silent, signal=signal.Signals(signum).name, job=process.job, project=process.project)
+            try:
+                os.kill(process.pid, signum)
+            except ProcessLookupError:
+                pass

@@ -16,7 +16,8 @@ from zope.interface import implementer
 from scrapyd.interfaces import IPoller
 from scrapyd.utils import get_spider_queues
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.db import NotificationListener
+from scrapyd_pgqueue import notifications
+from scrapyd_pgqueue.db import ThrottledLog
 from scrapyd_pgqueue.store import NOTIFY_CHANNEL, ClaimedJob, JobStore
 
 log = Logger()
@@ -27,13 +28,14 @@ class PostgresPoller:
     def __init__(self, config):
         self.config = config
         self.settings = pgconfig.settings(config)
-        self.store = JobStore.for_url(self.settings.database_url)
+        self.store = JobStore.for_settings(self.settings)
         self.dq = defer.DeferredQueue()
         self.claims: dict[tuple[str, str], ClaimedJob] = {}  # handed to the launcher with each message
         self.claiming = False
         self.claim_again = False
         self.accepting = True
-        self.listener: NotificationListener | None = None
+        self.listening = False
+        self.claim_errors = ThrottledLog(lambda message: log.error("{message}", message=message))
         self.update_projects()
 
     def update_projects(self):
@@ -63,7 +65,7 @@ class PostgresPoller:
         )
 
     def _claim(self):
-        if self.listener is None:
+        if not self.listening:
             self.start_listening()
         free_slots = len(self.dq.waiting) if self.accepting else 0
         projects = list(self.queues)
@@ -81,8 +83,10 @@ class PostgresPoller:
         self.claiming = False
         claim_again, self.claim_again = self.claim_again, False
         if isinstance(result, Failure):
-            log.error("Claiming jobs failed, trying again next tick: {error}", error=result.getErrorMessage())
+            self.claim_errors.report(f"Claiming jobs failed, trying again every tick: {result.getErrorMessage()}",
+                                     key="claim")
             return None  # no immediate retry: a database that is away would be hammered
+        self.claim_errors.clear("claim")
         for claimed in result:
             message = dict(claimed.message)
             message["_project"] = claimed.project
@@ -101,20 +105,20 @@ class PostgresPoller:
     # --- wake-up ---------------------------------------------------------------------------------------------
 
     def start_listening(self):
-        """Start a claim as soon as any node enqueues a job, instead of at the next tick."""
+        """Start a claim as soon as any node enqueues a job, instead of at the next tick (the node's one listener;
+        it falls back to polling alone where LISTEN cannot work, behind a transaction pooler)."""
         from twisted.internet import reactor
 
+        self.listening = True
         if not self.settings.listen_notify:
             return
 
         def wake(*_):
-            reactor.callFromThread(self.poll)
+            if self.accepting:
+                reactor.callFromThread(self.poll)
 
-        self.listener = NotificationListener(self.settings.database_url, [NOTIFY_CHANNEL], wake, on_reconnect=wake)
-        self.listener.start()
+        notifications.listener_for(self.settings).subscribe(NOTIFY_CHANNEL, wake, on_reconnect=wake)
 
     def stop(self):
-        """Stop claiming (graceful shutdown) and stop listening."""
+        """Stop claiming (graceful shutdown); notifications are then ignored."""
         self.accepting = False
-        if self.listener is not None:
-            self.listener.stop()

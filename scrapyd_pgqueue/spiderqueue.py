@@ -11,7 +11,7 @@ from scrapyd_pgqueue.store import JobStore
 class PostgresSpiderQueue:
     def __init__(self, config, project):
         settings = pgconfig.settings(config)
-        self.store = JobStore.for_url(settings.database_url)
+        self.store = JobStore.for_settings(settings)
         self.node = settings.node_name
         self.project = project
 

@@ -53,7 +53,7 @@ class ClusterResource(WsResource, DatabaseErrorsAsMessages):
 
     @functools.cached_property
     def store(self) -> ClusterStore:
-        return ClusterStore.for_url(self.settings.database_url)
+        return ClusterStore.for_settings(self.settings)
 
     def check_project(self, project: str | None) -> None:
         if project is not None and project not in self.root.poller.queues:
@@ -179,7 +179,7 @@ class Logs(resource.Resource):
 
     @functools.cached_property
     def store(self) -> ClusterStore:
-        return ClusterStore.for_url(self.root.poller.settings.database_url)
+        return ClusterStore.for_settings(self.root.poller.settings)
 
     def render(self, request):
         segments = request.postpath

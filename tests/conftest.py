@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import uuid
 
@@ -16,6 +17,8 @@ import pytest
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue import devdb
+from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT, LocalCluster
+from helpers import SECRET, accepting, database_with_secret_owner
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +56,32 @@ def database_url(postgres_server):
     # Databases are left for the server's removal: engines of this process may still hold connections.
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server):
+    """Debian's PgBouncer in transaction pooling mode in front of the suite's server, for the whole run."""
+    bouncer = devdb.LocalPgBouncer(postgres_server[0])
+    bouncer.start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.remove()
+
+
+@pytest.fixture
+def pgbouncer_database_url(database_url, pgbouncer):
+    """The test's own database, through PgBouncer."""
+    return pgbouncer.url_for(database_url)
+
+
+@pytest.fixture(scope="session")
+def egg(tmp_path_factory):
+    """The example project built into an egg, as scrapyd-deploy builds one."""
+    spec = importlib.util.spec_from_file_location("build_egg", EXAMPLE_PROJECT / "build_egg.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_egg(tmp_path_factory.mktemp("egg"))
+
+
 @pytest.fixture
 def scrapyd_config(database_url):
     from scrapyd.config import Config
@@ -66,3 +95,59 @@ def admin_connection(database_url):
     connection = _admin(database_url)
     yield connection
     connection.close()
+
+
+# --- clusters of real nodes, and a database they may lose ---------------------------------------------------------
+
+# Short leases so that a dead node is noticed in seconds.
+FAST = {"lease_seconds": "4", "heartbeat_interval": "1", "poll_interval": "1", "stop_timeout": "5"}
+
+
+@pytest.fixture
+def stoppable_database(postgres_server):
+    """(nodes' URL, superuser URL, server) on a Postgres this test may stop and start.
+
+    The suite's own server when it started one, else (SCRAPYD_PGQUEUE_TEST_URL names a shared one) a private
+    throwaway server for this test.
+    """
+    server_url, server = postgres_server
+    private = None
+    if server is None:
+        private = server = devdb.throwaway_postgres()
+        server_url = server.url
+    try:
+        yield (*database_with_secret_owner(server_url), server)
+    finally:
+        if not accepting(server_url):  # a failed test may leave it stopped: later tests need it
+            server.start()
+        if private is not None:
+            private.remove()
+
+
+@pytest.fixture
+def database(postgres_server):
+    """(nodes' URL, superuser URL) of a new database on the suite's server, which these tests leave running."""
+    return database_with_secret_owner(postgres_server[0])
+
+
+@pytest.fixture
+def start_cluster(tmp_path):
+    """Start LocalClusters whose crawls record their runs; every node and crawl is gone after the test."""
+    clusters = []
+
+    def start(url, nodes, name_prefix="node", **config):
+        cluster = LocalCluster(
+            url, nodes, directory=tmp_path / f"cluster{len(clusters)}", config={**FAST, **config},
+            env={"EXAMPLE_RECORD_DIR": str(tmp_path / "records")}, name_prefix=name_prefix,
+        )
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
+        for node in cluster.nodes:
+            node.end_crawls()  # orphans of killed nodes
+    for cluster in clusters:
+        for node in cluster.nodes:
+            assert SECRET not in node.logfile.read_text(errors="replace"), f"password in {node.logfile}"

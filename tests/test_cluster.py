@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib.util
 import itertools
 import json
 from pathlib import Path
 
 import pytest
 
-from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT, LocalCluster
-from waiting import wait_for
+from scrapyd_pgqueue.cluster import LocalCluster
+from helpers import wait_for
 
 NODES = 3
 MAX_PROC = 2
@@ -116,14 +115,6 @@ def assert_every_node_takes_jobs(cluster: LocalCluster, record_dir: Path) -> Non
         node.name: MAX_PROC for node in cluster.nodes
     }
     wait_until_finished_everywhere(cluster, jobs)
-
-
-@pytest.fixture(scope="module")
-def egg(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("build_egg", EXAMPLE_PROJECT / "build_egg.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_egg(tmp_path_factory.mktemp("egg"))
 
 
 @pytest.fixture

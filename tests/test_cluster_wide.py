@@ -24,7 +24,7 @@ from scrapyd_api import ScrapydAPI
 from scrapyd_client.pyclient import ScrapydClient
 
 from scrapyd_pgqueue.cluster import LocalCluster
-from waiting import wait_for
+from helpers import wait_for
 
 NODES = 3
 BIN = Path(sys.executable).parent

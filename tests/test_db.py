@@ -1,13 +1,24 @@
 """The connector: one engine per process, migrations under a lock, clear errors without the password."""
 
+import datetime
+import logging
 import multiprocessing
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg2
 
 import pytest
 from scrapyd.config import Config
 
-from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db, devdb
+from sqlalchemy import make_url
+
+from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db, devdb, notifications
 from scrapyd_pgqueue.config import ConfigurationError
+from scrapyd_pgqueue.store import ClusterStore, JobStore
+from helpers import query, wait_for
 
 
 def connections_to(admin_connection):
@@ -87,15 +98,129 @@ def test_unreachable_database_is_a_quick_error_with_host_and_port_but_no_passwor
     assert "s3cr3t-pw" not in repr(raised.value.__cause__)
 
 
-def test_pooled_connections_killed_by_the_server_are_replaced_before_use(scrapyd_config, admin_connection, monkeypatch):
+def test_pooled_connections_killed_by_the_server_are_replaced_before_use(scrapyd_config, admin_connection):
     queue = PostgresSpiderQueue(scrapyd_config, "p")
     queue.add("s", _job="before")
-    monkeypatch.setattr(db, "PING_AFTER_IDLE_SECONDS", 0.0)  # every pooled connection counts as idle
     with admin_connection.cursor() as cursor:  # as a Postgres restart does to every session
         cursor.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         assert cursor.fetchone()[0] >= 1
-    queue.add("s", _job="after")  # no error: the dead connection was replaced
+    wait_for(lambda: connections_to(admin_connection) == 0, 10, "the sessions to end")
+    queue.add("s", _job="after")  # no error: the dead connection was seen closed and replaced, with no ping
     assert [message["_job"] for message in queue.list()] == ["before", "after"]
+
+
+# --- the connection budget -------------------------------------------------------------------------------------
+
+
+def test_a_busy_pool_makes_work_wait_and_never_opens_more_than_its_size(database_url, admin_connection):
+    store = JobStore.for_url(database_url)  # the first engine for this URL: the default pool of 2, no overflow
+    peak = []
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak.append(connections_to(admin_connection))
+            time.sleep(0.01)
+
+    def work(worker):
+        for i in range(25):
+            store.enqueue("p", {"name": "s", "_job": f"{worker}-{i}"})
+            store.claim_next_jobs(["p"], 1, node="n", worker=str(worker))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(work, range(12)))  # 12 threads at once over 2 connections: each waits its turn, none fails
+    done.set()
+    sampler.join()
+    assert max(peak) <= db.DEFAULT_POOL_SIZE
+    assert store.count_terminated() == 0 and store.count_pending("p") == 0  # 300 enqueued, 300 claimed
+
+
+@pytest.fixture
+def role_with_one_connection(database_url, admin_connection):
+    """The test database's URL as a role that may hold one connection at a time (superusers have no limit)."""
+    role = f"one_{uuid.uuid4().hex[:8]}"
+    with admin_connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")
+        cursor.execute(f"GRANT ALL ON DATABASE {make_url(database_url).database} TO {role}")
+        cursor.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+    db.get_engine(database_url)  # the schema, as its owner
+    with admin_connection.cursor() as cursor:
+        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    return make_url(database_url).set(username=role).render_as_string(hide_password=False)
+
+
+def test_a_refused_connection_is_waited_for_and_said_once_with_a_count(role_with_one_connection, caplog):
+    url = make_url(role_with_one_connection)
+    holder = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+    threading.Timer(2.0, holder.close).start()  # the server has room again in 2 s
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="scrapyd_pgqueue.db"):
+        JobStore.for_url(role_with_one_connection).enqueue("p", {"name": "s", "_job": "waited"})
+    waited = time.monotonic() - started
+    refusals = [record.getMessage() for record in caplog.records if "refused a connection" in record.getMessage()]
+    assert 1.5 < waited < 10  # a short wait, not an error
+    assert len(refusals) == 1, refusals  # said once, though it tried many times
+    assert "too many connections" in refusals[0]
+
+
+def test_a_stalled_database_is_an_error_within_the_time_allowed_and_leaves_no_ghost_job(stoppable_database):
+    url, admin_url, server = stoppable_database
+    store = JobStore.for_url(url)
+    store.enqueue("p", {"name": "s", "_job": "before"})
+    with server.paused():
+        started = time.monotonic()
+        with pytest.raises(db.DatabaseError, match="no answer within 2 s"), db.deadline(2):
+            store.enqueue("p", {"name": "s", "_job": "ghost"})  # reaches the stopped server, runs when it resumes
+        assert time.monotonic() - started < 3
+        time.sleep(1)
+    wait_for(lambda: query(admin_url, "SELECT 1"), 10, "the server to answer")
+    time.sleep(0.5)  # the abandoned statement has run by now, if it was going to
+    assert [message["_job"] for message in store.list_pending("p")] == ["before"]
+    store.enqueue("p", {"name": "s", "_job": "after"})  # and the store works again at once
+    assert [message["_job"] for message in store.list_pending("p")] == ["before", "after"]
+
+
+# --- PgBouncer -------------------------------------------------------------------------------------------------
+
+
+def test_every_operation_works_through_pgbouncer_in_transaction_mode(pgbouncer_database_url):
+    store = JobStore.for_url(pgbouncer_database_url)  # migrates a new database through the bouncer, too
+    store.register_node(worker="w", name="n", url=None, max_proc=2)
+    store.enqueue("p", {"name": "s", "_job": "a"}, priority=1)
+    store.enqueue("p", {"name": "s", "_job": "b"})
+    assert store.heartbeat("w")
+    [claimed] = store.claim_next_jobs(None, 1, node="n", worker="w")
+    assert claimed.job == "a"
+    now = datetime.datetime.now()
+    assert store.finish_job(project="p", spider="s", job="a", start_time=now, end_time=now, claimed=claimed, worker="w")
+    assert [row.job for row in store.list_terminated(10)] == ["a"]
+    ClusterStore.for_url(pgbouncer_database_url).cancel_job("p", "b")
+    assert store.count_pending("p") == 0
+
+
+def test_the_listener_hears_postgres_directly_and_falls_back_to_polling_behind_pgbouncer(
+    database_url, pgbouncer_database_url
+):
+    JobStore.for_url(database_url)  # the schema
+    heard = []
+    direct = notifications.Listener(database_url, JobStore.for_url(database_url).notify)
+    direct.subscribe("test_channel", heard.append)
+    direct.start()
+    bounced = notifications.Listener(pgbouncer_database_url, JobStore.for_url(pgbouncer_database_url).notify)
+    bounced.start()
+    try:
+        wait_for(direct.connected.is_set, 10, "the direct listener to connect")
+        JobStore.for_url(database_url).notify("test_channel", "hello")
+        wait_for(lambda: heard == ["hello"], 5, "the notification")
+        wait_for(bounced.poll_only.is_set, 15, "the listener behind PgBouncer to give up LISTEN")
+        assert not direct.poll_only.is_set()
+        assert not bounced.is_alive()  # poll-only holds no connection
+    finally:
+        direct.stop()
+        bounced.stop()

@@ -289,11 +289,20 @@ def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     assert scrapyd["build"] == "."
     assert "container_name" not in scrapyd and "ports" not in scrapyd, "fixed names or host ports prevent --scale"
     assert scrapyd["depends_on"]["postgres"]["condition"] == "service_healthy"
+    # Statements through PgBouncer in transaction mode, the one listener straight to Postgres.
+    pgbouncer = services["pgbouncer"]
+    assert pgbouncer["environment"]["POOL_MODE"] == "transaction"
+    assert "options" not in pgbouncer["environment"].get("IGNORE_STARTUP_PARAMETERS", "")
+    upstream = urllib.parse.urlsplit(pgbouncer["environment"]["DATABASE_URL"])
+    assert (upstream.hostname, upstream.port) == ("postgres", 5432)
     database = urllib.parse.urlsplit(scrapyd["environment"]["SCRAPYD_DATABASE_URL"])
-    assert (database.hostname, database.port) == ("postgres", 5432)
-    assert database.username == postgres["environment"]["POSTGRES_USER"]
-    assert database.password == postgres["environment"]["POSTGRES_PASSWORD"]
-    assert database.path == "/" + postgres["environment"]["POSTGRES_DB"]
+    assert (database.hostname, database.port) == ("pgbouncer", int(pgbouncer["environment"]["LISTEN_PORT"]))
+    listen = urllib.parse.urlsplit(scrapyd["environment"]["SCRAPYD_LISTEN_URL"])
+    assert (listen.hostname, listen.port) == ("postgres", 5432)
+    for url in (upstream, database, listen):
+        assert url.username == postgres["environment"]["POSTGRES_USER"]
+        assert url.password == postgres["environment"]["POSTGRES_PASSWORD"]
+        assert url.path == "/" + postgres["environment"]["POSTGRES_DB"]
 
     # One published address, spread over every replica that Docker's DNS knows by the service's name.
     (balancer,) = [s for name, s in services.items() if s.get("ports")]

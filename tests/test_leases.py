@@ -15,7 +15,7 @@ from sqlalchemy import text
 from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.cluster import LocalCluster
 from scrapyd_pgqueue.store import ClusterStore, JobStore
-from waiting import wait_for
+from helpers import wait_for
 
 NOW = datetime.datetime.now
 

@@ -1,0 +1,79 @@
+"""Every queue operation, each one short statement; all of the package's SQL lives here.
+
+No Twisted and no Scrapyd imports: the store is used by the Scrapyd adapters, the operator command and the
+benchmark alike. Every method runs in its own short transaction; none is held while a crawl runs.
+
+Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it; only
+``scrapyd_pgqueue.db`` knows the driver.
+
+One module per concern:
+
+- ``base``: what the others share: channels, limits, errors, shared rows, the operations' helpers.
+- ``queue``: enqueue, claim, pending jobs, start, finish, prune, terminated jobs, notify (``JobStore``).
+- ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
+- ``cluster``: the whole cluster's view for the web services: status, lists, counts, cancel, logs (``ClusterStore``).
+- ``admin``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
+- ``eggs``: project eggs (``EggStore``).
+"""
+
+from __future__ import annotations
+
+from scrapyd_pgqueue.store.admin import NodeRow
+from scrapyd_pgqueue.store.base import (
+    CANCEL_CHANNEL,
+    MAX_NAME_BYTES,
+    NOTIFY_CHANNEL,
+    PROJECTS_CHANNEL,
+    ClaimedJob,
+    DuplicateJobError,
+    InvalidJobError,
+    JobNotFoundError,
+    JobRow,
+)
+from scrapyd_pgqueue.store.cluster import (
+    PENDING_COUNT_CAP,
+    SIGNAL_NAMES,
+    CancelRequest,
+    ClusterCounts,
+    ClusterStore,
+    FinishedJobRow,
+    PendingJob,
+    RunningJob,
+    StoredLog,
+)
+from scrapyd_pgqueue.store.eggs import EggStore
+from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
+from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS_OF_PROJECT, JobStore, notify_through_pool
+
+__all__ = [
+    # channels and limits
+    "NOTIFY_CHANNEL",
+    "CANCEL_CHANNEL",
+    "PROJECTS_CHANNEL",
+    "MAX_NAME_BYTES",
+    "PENDING_COUNT_CAP",
+    "SIGNAL_NAMES",
+    # errors
+    "DuplicateJobError",
+    "InvalidJobError",
+    "JobNotFoundError",
+    # rows
+    "ClaimedJob",
+    "ReleasedJob",
+    "JobRow",
+    "PendingJob",
+    "RunningJob",
+    "FinishedJobRow",
+    "ClusterCounts",
+    "CancelRequest",
+    "StoredLog",
+    "NodeRow",
+    # stores
+    "JobStore",
+    "ClusterStore",
+    "EggStore",
+    "notify_through_pool",
+    # queries the tests and the benchmark read (their plans, their compiled SQL)
+    "CLAIM_NEXT_JOBS_OF_PROJECT",
+    "RECOVER_EXPIRED_LEASES",
+]

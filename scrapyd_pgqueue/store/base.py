@@ -1,0 +1,130 @@
+"""What every concern of the store shares: channels, limits, errors, shared rows and the operations' helpers."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+
+from scrapyd_pgqueue import db
+
+# Channel of the NOTIFY sent with every enqueue; the payload is the project.
+NOTIFY_CHANNEL = "scrapyd_pgqueue_jobs"
+
+# Longest project, spider, job id or version stored: (project, job) is one index entry, which Postgres caps at
+# 2704 bytes.
+MAX_NAME_BYTES = 1000
+
+# Channel of the NOTIFY sent with each cancel request on a running job; the payload is JSON (id, project, job,
+# worker, requests, signal), and only the node running the job (its worker) acts on it.
+CANCEL_CHANNEL = "scrapyd_pgqueue_cancel"
+# Channel of the NOTIFY sent when a project's eggs change; the payload is the project.
+PROJECTS_CHANNEL = "scrapyd_pgqueue_projects"
+
+
+class DuplicateJobError(ValueError):
+    """A pending or running job of the project already has this job id."""
+
+
+class InvalidJobError(ValueError):
+    """The job cannot be stored as given (reason in the message)."""
+
+
+class JobNotFoundError(LookupError):
+    """No job with this id (in this project) is in the state the operation needs."""
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    project: str
+    job: str
+    attempt: int  # the claim's number: finishing it is conditional on it
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    project: str
+    spider: str
+    job: str
+    status: str
+    outcome: str | None
+    exit_code: int | None
+    reason: str | None
+    node: str | None
+    pid: int | None
+    attempts: int
+    priority: float
+    version: str | None
+    start_time: datetime.datetime | None
+    end_time: datetime.datetime | None
+
+
+# --- queries shared by cluster.py (job_status) and admin.py (requeue) ------------------------------------------
+
+# The newest row of job id :job (in :project, all projects when NULL): a reused job id reports its latest run.
+# Reads spider_job_job_idx.
+JOB_STATUS = text("""
+    SELECT status FROM spider_job
+    WHERE job = :job AND (CAST(:project AS text) IS NULL OR project = :project)
+    ORDER BY id DESC
+    LIMIT 1
+""")
+
+# --- operations ------------------------------------------------------------------------------------------------
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now()
+
+
+def database_errors(method):
+    """Driver errors leave the store as ``db.DatabaseError`` naming host and port, never the password."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with db.operation(self.engine):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def encode_message(message: dict[str, Any]) -> str:
+    try:
+        encoded = json.dumps(message, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidJobError(f"job arguments must be JSON-serialisable finite values: {e}") from e
+    if "\x00" in encoded or "\\u0000" in encoded:
+        raise InvalidJobError("job arguments may not contain NUL characters")
+    if not _is_unicode(encoded):
+        raise InvalidJobError("job arguments must be valid Unicode text")
+    return encoded
+
+
+def _is_unicode(value: str) -> bool:
+    try:
+        value.encode()  # a lone surrogate ("\udc80", from undecodable bytes) cannot be stored
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_name(what: str, value: Any) -> str:
+    """A project, spider, job id or version as the row's columns and indexes can hold it, else InvalidJobError."""
+    if not isinstance(value, str):
+        raise InvalidJobError(f"{what} must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidJobError(f"{what} may not be empty")
+    if "\x00" in value:
+        raise InvalidJobError(f"{what} may not contain NUL characters")
+    if not _is_unicode(value):
+        raise InvalidJobError(f"{what} must be valid Unicode text")
+    if len(value.encode()) > MAX_NAME_BYTES:
+        raise InvalidJobError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
+    return value

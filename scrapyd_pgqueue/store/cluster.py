@@ -1,0 +1,284 @@
+"""The whole cluster's view for the web services: job status, pending pages, running and finished lists, counts,
+cancel and logs; ``ClusterStore``, which also holds the operator command's queries (``admin.OperatorQueries``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store.admin import OperatorQueries
+from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, JOB_STATUS, ClaimedJob, database_errors, now
+
+# Pending jobs daemonstatus.json counts exactly (a few milliseconds); beyond, it reports the planner's estimate.
+PENDING_COUNT_CAP = 10_000
+# The signal names a cancel request may carry (those Twisted's signalProcess knows); others are given by number.
+SIGNAL_NAMES = ("HUP", "STOP", "INT", "KILL", "TERM")
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    project: str
+    job: str
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: int
+    project: str
+    spider: str
+    job: str
+    pid: int | None
+    start_time: datetime.datetime | None
+    node: str | None
+    worker: str | None
+
+
+@dataclass(frozen=True)
+class FinishedJobRow:
+    id: int
+    project: str
+    spider: str
+    job: str
+    start_time: datetime.datetime | None
+    end_time: datetime.datetime | None
+    node: str | None
+    outcome: str | None
+    has_log: bool
+
+
+@dataclass(frozen=True)
+class ClusterCounts:
+    pending: int
+    pending_exact: bool  # False: more than PENDING_COUNT_CAP, and ``pending`` is the planner's estimate
+    running: int
+    finished: int
+    nodes: int  # live ones: not stopped, heartbeat within the lease
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """Cancel requests made on a running job: the node running it sends one signal per request not yet sent."""
+
+    id: int
+    project: str
+    job: str
+    worker: str
+    requests: int
+    signal: str
+
+
+@dataclass(frozen=True)
+class StoredLog:
+    """Where a job's log can be found: its stored tail, or the node process running (or that ran) it."""
+
+    status: str
+    log: bytes | None
+    worker: str | None
+    node_url: str | None
+
+
+# One page of pending jobs (of :project, all when NULL) in claim order: spider_job_pending_idx (or the per-project
+# index) read from :offset, so a page costs its size plus the offset, never the whole backlog.
+PENDING_PAGE = text("""
+    SELECT project, job, message FROM spider_job
+    WHERE status = 'pending' AND (CAST(:project AS text) IS NULL OR project = :project)
+    ORDER BY priority DESC, id
+    LIMIT :limit OFFSET :offset
+""")
+
+# The running jobs (of :project, all when NULL) of every node: bounded by the cluster's process slots.
+RUNNING_JOBS = text("""
+    SELECT id, project, spider, job, pid, start_time, node, worker FROM spider_job
+    WHERE status = 'ongoing' AND (CAST(:project AS text) IS NULL OR project = :project)
+    ORDER BY start_time, id
+""")
+
+# The newest :limit finished jobs (of :project, all when NULL), with whether the database holds their log.
+# Reads spider_job_terminated_idx; terminated rows are pruned to finished_to_keep.
+FINISHED_JOBS = text("""
+    SELECT j.id, j.project, j.spider, j.job, j.start_time, j.end_time, j.node, j.outcome,
+           EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log
+    FROM spider_job AS j
+    WHERE j.status = 'terminated' AND (CAST(:project AS text) IS NULL OR j.project = :project)
+    ORDER BY j.end_time DESC, j.id DESC
+    LIMIT :limit
+""")
+
+# The cluster at a glance. Pending jobs are counted up to :cap only (an exact count of a huge backlog is a scan
+# costing tens of milliseconds, trap 14), with the planner's estimate of the pending index's size for beyond;
+# running and finished jobs are few (process slots; pruned to finished_to_keep); live nodes are those not stopped
+# whose heartbeat is within :lease_seconds (database clock).
+CLUSTER_COUNTS = text("""
+    SELECT (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'pending' LIMIT :cap) AS capped)
+               AS pending_counted,
+           (SELECT reltuples FROM pg_class WHERE oid = CAST('spider_job_pending_idx' AS regclass)) AS pending_estimate,
+           (SELECT count(*) FROM spider_job WHERE status = 'ongoing') AS running,
+           (SELECT count(*) FROM spider_job WHERE status = 'terminated') AS finished,
+           (SELECT count(*) FROM scrapyd_node
+            WHERE stopped_time IS NULL AND heartbeat_time > now() - make_interval(secs => :lease_seconds)) AS nodes
+""")
+
+# Cancel a pending job: terminated as 'cancelled' (start and end at the cancel), so it never starts and every node
+# reports it finished. A claim that locked the row first wins; the running job is then cancelled instead.
+CANCEL_PENDING = text("""
+    UPDATE spider_job
+    SET status = 'terminated', outcome = 'cancelled', reason = 'cancelled before it started',
+        cancel_requested = true, start_time = :now, end_time = :now
+    WHERE project = :project AND job = :job AND status = 'pending'
+    RETURNING id
+""")
+
+# Ask the node running job :job to signal its crawl: one more request, with its signal, and a NOTIFY that the
+# node hears at once (its heartbeat reads the same columns as the floor). Reads spider_job_live_job_key.
+REQUEST_CANCEL = text("""
+    WITH requested AS (
+        UPDATE spider_job
+        SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
+        WHERE project = :project AND job = :job AND status = 'ongoing'
+        RETURNING id, project, job, worker, cancel_requests, cancel_signal
+    )
+    SELECT id, pg_notify(:channel, json_build_object(
+        'id', id, 'project', project, 'job', job, 'worker', worker, 'requests', cancel_requests,
+        'signal', cancel_signal)::text)
+    FROM requested
+""")
+
+# The cancel requests on the running jobs of process :worker (the heartbeat's floor under the NOTIFY).
+# Reads spider_job_ongoing_worker_idx.
+REQUESTED_CANCELS = text("""
+    SELECT id, project, job, worker, cancel_requests AS requests, cancel_signal AS signal FROM spider_job
+    WHERE status = 'ongoing' AND worker = :worker AND cancel_requests > 0
+""")
+
+# Store the log of claim :attempt of job :id while no newer claim exists (so a node that lost the job to recovery
+# cannot overwrite the log of a newer attempt); a retried finish stores it again.
+SAVE_CLAIMED_LOG = text("""
+    INSERT INTO job_log (job_id, log, size)
+    SELECT id, :log, :size FROM spider_job
+    WHERE id = :id AND worker = :worker AND attempts = :attempt
+    ON CONFLICT (job_id) DO UPDATE SET log = excluded.log, size = excluded.size, created_time = now()
+""")
+
+# Store the log of the newest run of job id :job of :project (a job that did not come from this package's poller).
+SAVE_LOG_BY_JOB_ID = text("""
+    INSERT INTO job_log (job_id, log, size)
+    SELECT id, :log, :size FROM spider_job
+    WHERE project = :project AND job = :job
+    ORDER BY id DESC
+    LIMIT 1
+    ON CONFLICT (job_id) DO UPDATE SET log = excluded.log, size = excluded.size, created_time = now()
+""")
+
+# Where the log of the newest run of :project/:spider/:job is: its stored tail, else the node process with it
+# (while that process has not stopped).
+FIND_LOG = text("""
+    SELECT j.status, l.log, j.worker, CASE WHEN n.stopped_time IS NULL THEN n.url END AS node_url
+    FROM spider_job AS j
+    LEFT JOIN job_log AS l ON l.job_id = j.id
+    LEFT JOIN scrapyd_node AS n ON n.id = j.worker
+    WHERE j.job = :job AND j.project = :project AND j.spider = :spider
+    ORDER BY j.id DESC
+    LIMIT 1
+""")
+
+
+class ClusterStore(OperatorQueries):
+    """Job views and operations for the whole cluster: web services, cancel, logs and the operator command."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @classmethod
+    def for_url(cls, url: str) -> ClusterStore:
+        return _cluster_store_for_engine(db.get_engine(url))
+
+    @classmethod
+    def for_settings(cls, settings) -> ClusterStore:
+        return _cluster_store_for_engine(db.engine_for_settings(settings))
+
+    @database_errors
+    def job_status(self, job: str, project: str | None = None) -> str | None:
+        """The job's state as Scrapyd names it: 'pending', 'running', 'finished', or None when unknown."""
+        with db.autocommit(self.engine) as connection:
+            status = connection.execute(JOB_STATUS, {"job": job, "project": project}).scalar()
+        return {"pending": "pending", "ongoing": "running", "terminated": "finished"}.get(status)
+
+    @database_errors
+    def pending_page(self, project: str | None, limit: int, offset: int = 0) -> tuple[list[PendingJob], bool]:
+        """Up to ``limit`` pending jobs from ``offset`` in claim order, and whether more follow."""
+        params = {"project": project, "limit": limit + 1, "offset": offset}
+        with db.autocommit(self.engine) as connection:
+            rows = [PendingJob(**row._mapping) for row in connection.execute(PENDING_PAGE, params)]
+        return rows[:limit], len(rows) > limit
+
+    @database_errors
+    def running_jobs(self, project: str | None = None) -> list[RunningJob]:
+        with db.autocommit(self.engine) as connection:
+            return [RunningJob(**row._mapping) for row in connection.execute(RUNNING_JOBS, {"project": project})]
+
+    @database_errors
+    def finished_jobs(self, project: str | None, limit: int) -> list[FinishedJobRow]:
+        with db.autocommit(self.engine) as connection:
+            rows = connection.execute(FINISHED_JOBS, {"project": project, "limit": limit})
+            return [FinishedJobRow(**row._mapping) for row in rows]
+
+    @database_errors
+    def cluster_counts(self, lease_seconds: float) -> ClusterCounts:
+        params = {"lease_seconds": float(lease_seconds), "cap": PENDING_COUNT_CAP}
+        with db.autocommit(self.engine) as connection:
+            row = connection.execute(CLUSTER_COUNTS, params).one()
+        exact = row.pending_counted < PENDING_COUNT_CAP
+        pending = row.pending_counted if exact else max(PENDING_COUNT_CAP, int(row.pending_estimate or 0))
+        return ClusterCounts(pending, exact, row.running, row.finished, row.nodes)
+
+    @database_errors
+    def cancel_job(self, project: str, job: str, signal: str = "INT") -> str | None:
+        """Cancel a pending job, or ask the node running it to signal it; return Scrapyd's ``prevstate``."""
+        with db.autocommit(self.engine) as connection:
+            params = {"project": project, "job": job, "now": now()}
+            if connection.execute(CANCEL_PENDING, params).first() is not None:
+                return "pending"
+            params.update(signal=signal, channel=CANCEL_CHANNEL)
+            if connection.execute(REQUEST_CANCEL, params).first() is not None:
+                return "running"
+        return None
+
+    @database_errors
+    def requested_cancels(self, worker: str) -> list[CancelRequest]:
+        with db.autocommit(self.engine) as connection:
+            return [CancelRequest(**row._mapping) for row in connection.execute(REQUESTED_CANCELS, {"worker": worker})]
+
+    @database_errors
+    def save_log(
+        self, *, project: str, job: str, log: bytes, size: int, claimed: ClaimedJob | None = None,
+        worker: str | None = None,
+    ) -> None:
+        """Store a finished job's log (already capped by the caller) for every node to serve."""
+        with db.autocommit(self.engine) as connection:
+            if claimed is not None:
+                params = {"id": claimed.id, "attempt": claimed.attempt, "worker": worker, "log": log, "size": size}
+                connection.execute(SAVE_CLAIMED_LOG, params)
+            else:
+                params = {"project": project, "job": job, "log": log, "size": size}
+                connection.execute(SAVE_LOG_BY_JOB_ID, params)
+
+    @database_errors
+    def find_log(self, project: str, spider: str, job: str) -> StoredLog | None:
+        with db.autocommit(self.engine) as connection:
+            params = {"project": project, "spider": spider, "job": job}
+            row = connection.execute(FIND_LOG, params).first()
+        if row is None:
+            return None
+        return StoredLog(row.status, None if row.log is None else bytes(row.log), row.worker, row.node_url)
+
+
+@functools.cache
+def _cluster_store_for_engine(engine: Engine) -> ClusterStore:
+    return ClusterStore(engine)

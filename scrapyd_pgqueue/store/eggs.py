@@ -1,0 +1,115 @@
+"""Project eggs in the database: their queries and ``EggStore``."""
+
+from __future__ import annotations
+
+import functools
+
+from sqlalchemy import Engine, text
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, database_errors
+
+# --- eggs ---
+
+# Replace the egg of :project/:version (a second upload of a version wins, like a file overwritten).
+DELETE_EGG_VERSION = text("DELETE FROM project_egg WHERE project = :project AND version = :version")
+
+# Store an egg; its new id changes the eggs' fingerprint, so nodes that missed the NOTIFY still notice.
+INSERT_EGG = text("INSERT INTO project_egg (project, version, egg) VALUES (:project, :version, :egg)")
+
+# Tell every node that the eggs of :project changed (delivered on commit).
+NOTIFY_EGGS_CHANGED = text("SELECT pg_notify(:channel, :project)")
+
+# The versions of :project (unordered; the caller sorts them like Scrapyd). Reads the unique (project, version) index.
+EGG_VERSIONS = text("SELECT version FROM project_egg WHERE project = :project")
+
+# The egg of :project/:version.
+GET_EGG = text("SELECT egg FROM project_egg WHERE project = :project AND version = :version")
+
+# Each version of :project with its egg's row id, no egg: which file a node's egg cache must hold (a redeployed
+# version has a new id).
+EGG_IDS = text("SELECT version, id FROM project_egg WHERE project = :project")
+
+# One egg by its row id.
+EGG_BY_ID = text("SELECT egg FROM project_egg WHERE id = :id")
+
+# Every project with an egg.
+EGG_PROJECTS = text("SELECT DISTINCT project FROM project_egg ORDER BY project")
+
+# Delete the egg of :project/:version, or all of the project's eggs when :version is NULL.
+DELETE_EGGS = text("""
+    DELETE FROM project_egg WHERE project = :project AND (CAST(:version AS text) IS NULL OR version = :version)
+""")
+
+# Per project, its number of eggs and newest egg id: changes whenever one of its eggs is added, replaced or deleted
+# (ids are never reused). The heartbeat's floor under NOTIFY; reads no egg.
+EGG_CATALOGUE = text("SELECT project, count(*) AS eggs, max(id) AS newest FROM project_egg GROUP BY project")
+
+
+class EggStore:
+    """Project eggs in the database: deployed once through any node, runnable on every node."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @classmethod
+    def for_url(cls, url: str, migrate_schema: bool = True) -> EggStore:
+        return _egg_store_for_engine(db.get_engine(url, migrate_schema=migrate_schema))
+
+    @classmethod
+    def for_settings(cls, settings) -> EggStore:
+        return _egg_store_for_engine(db.engine_for_settings(settings))
+
+    @database_errors
+    def put_egg(self, project: str, version: str, egg: bytes) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(DELETE_EGG_VERSION, {"project": project, "version": version})
+            connection.execute(INSERT_EGG, {"project": project, "version": version, "egg": egg})
+            connection.execute(NOTIFY_EGGS_CHANGED, {"channel": PROJECTS_CHANNEL, "project": project})
+
+    @database_errors
+    def egg_versions(self, project: str) -> list[str]:
+        with db.autocommit(self.engine) as connection:
+            return list(connection.execute(EGG_VERSIONS, {"project": project}).scalars())
+
+    @database_errors
+    def get_egg(self, project: str, version: str) -> bytes | None:
+        with db.autocommit(self.engine) as connection:
+            egg = connection.execute(GET_EGG, {"project": project, "version": version}).scalar()
+        return None if egg is None else bytes(egg)
+
+    @database_errors
+    def egg_ids(self, project: str) -> dict[str, int]:
+        with db.autocommit(self.engine) as connection:
+            return {row.version: row.id for row in connection.execute(EGG_IDS, {"project": project})}
+
+    @database_errors
+    def egg_by_id(self, egg_id: int) -> bytes | None:
+        with db.autocommit(self.engine) as connection:
+            egg = connection.execute(EGG_BY_ID, {"id": egg_id}).scalar()
+        return None if egg is None else bytes(egg)
+
+    @database_errors
+    def egg_projects(self) -> list[str]:
+        with db.autocommit(self.engine) as connection:
+            return list(connection.execute(EGG_PROJECTS).scalars())
+
+    @database_errors
+    def delete_eggs(self, project: str, version: str | None = None) -> int:
+        """Delete one version (or every version) of ``project``; return how many eggs were deleted."""
+        with self.engine.begin() as connection:
+            deleted = connection.execute(DELETE_EGGS, {"project": project, "version": version}).rowcount
+            if deleted:
+                connection.execute(NOTIFY_EGGS_CHANGED, {"channel": PROJECTS_CHANNEL, "project": project})
+            return deleted
+
+    @database_errors
+    def egg_catalogue(self) -> dict[str, tuple[int, int]]:
+        """Project -> (number of eggs, newest egg id): compare two catalogues to see which projects changed."""
+        with db.autocommit(self.engine) as connection:
+            return {row.project: (row.eggs, row.newest) for row in connection.execute(EGG_CATALOGUE)}
+
+
+@functools.cache
+def _egg_store_for_engine(engine: Engine) -> EggStore:
+    return EggStore(engine)

@@ -1,0 +1,230 @@
+"""The nodes' side of the queue: registration, heartbeat, stop, recovery of expired leases, hand-back and
+forgotten claims. ``NodeLeases`` holds their operations; ``queue.JobStore`` inherits them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, text
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.models import PENDING
+from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, ClaimedJob, database_errors, now
+
+
+@dataclass(frozen=True)
+class ReleasedJob:
+    """A running job taken from its node: back to ``pending``, or ``terminated`` once out of attempts."""
+
+    id: int
+    project: str
+    job: str
+    status: str
+
+
+# --- queries ---------------------------------------------------------------------------------------------------
+
+# Register this Scrapyd process (or refresh it after a reconnect); its heartbeat starts now.
+REGISTER_NODE = text("""
+    INSERT INTO scrapyd_node (id, name, url, max_proc) VALUES (:worker, :name, :url, :max_proc)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_time = now(), stopped_time = NULL
+""")
+
+# Renew this process's lease on the jobs it runs (database clock: nodes' clocks may disagree).
+# Returns the database's clock, from which the node learns how far its own clock is off (see db.answer_by).
+HEARTBEAT = text("""
+    UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
+    RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
+""")
+
+# Mark this process stopped (graceful shutdown).
+STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
+
+# Recover the jobs of every other process whose lease expired (no heartbeat for :lease_seconds, database clock) or
+# that stopped: back to pending (the claim stays counted in attempts); or terminated, as 'cancelled' when cancel.json
+# asked for it (a cancelled job never runs again) or as 'lost' once :max_attempts claims are used up. Pending ones
+# wake idle nodes. Reads spider_job_ongoing_worker_idx (running jobs only, by owner) joined to the small node
+# table, never the pending or finished rows. Locks owner and job rows, skipping locked ones: a heartbeat or a
+# finish being written at this instant wins, and two nodes recovering at once share the work.
+RECOVER_EXPIRED_LEASES = text("""
+    WITH expired AS (
+        SELECT j.id, n.name,
+               CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempts >= :max_attempts THEN 'lost' END AS outcome
+        FROM spider_job AS j JOIN scrapyd_node AS n ON n.id = j.worker
+        WHERE j.status = 'ongoing' AND j.worker <> :worker
+          AND (n.heartbeat_time < now() - make_interval(secs => :lease_seconds) OR n.stopped_time IS NOT NULL)
+        FOR UPDATE OF j, n SKIP LOCKED
+    ), recovered AS (
+        UPDATE spider_job AS j
+        SET status = CASE WHEN expired.outcome IS NULL THEN 'pending' ELSE 'terminated' END,
+            outcome = expired.outcome,
+            reason = CASE WHEN expired.outcome IS NOT NULL THEN format(
+                'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
+            ) END,
+            end_time = CASE WHEN expired.outcome IS NOT NULL THEN :now END,
+            pid = CASE WHEN expired.outcome IS NOT NULL THEN j.pid END
+        FROM expired
+        WHERE j.id = expired.id
+        RETURNING j.id, j.project, j.job, j.status
+    )
+    SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
+    FROM recovered
+""")
+
+# Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
+# terminate them, as 'cancelled' when cancel.json asked for it, or as 'interrupted' once :max_attempts claims are
+# used up. Only while each claim is still its own. Pending ones wake idle nodes.
+HAND_BACK_CLAIMS = text("""
+    WITH claim AS (
+        SELECT j.id,
+               CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempts >= :max_attempts THEN 'interrupted' END
+                   AS outcome
+        FROM spider_job AS j
+        JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS integer[])) AS mine(id, attempt)
+          ON j.id = mine.id AND j.attempts = mine.attempt
+        WHERE j.status = 'ongoing' AND j.worker = :worker
+    ), handed_back AS (
+        UPDATE spider_job AS j
+        SET status = CASE WHEN claim.outcome IS NULL THEN 'pending' ELSE 'terminated' END,
+            outcome = claim.outcome,
+            reason = CASE WHEN claim.outcome IS NOT NULL THEN format(
+                'node %s stopped during attempt %s of %s', :node, j.attempts, :max_attempts
+            ) END,
+            end_time = CASE WHEN claim.outcome IS NOT NULL THEN :now END,
+            pid = CASE WHEN claim.outcome IS NOT NULL THEN j.pid END
+        FROM claim
+        WHERE j.id = claim.id
+        RETURNING j.id, j.project, j.job, j.status
+    )
+    SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
+    FROM handed_back
+""")
+
+# Of this process's :ids/:attempts claims, those it no longer owns: recovered (back to pending, or claimed again,
+# perhaps by another node) while this node could not renew its lease. Read after a heal, to say so per job.
+CLAIMS_TAKEN_OVER = text("""
+    SELECT j.id, j.project, j.job, j.status, j.node, j.outcome
+    FROM spider_job AS j
+    JOIN unnest(CAST(:ids AS bigint[]), CAST(:attempts AS integer[])) AS mine(id, attempt) ON j.id = mine.id
+    WHERE j.worker IS DISTINCT FROM :worker OR j.attempts <> mine.attempt OR j.status = 'pending'
+""")
+
+# Hand back this process's claims that it runs no crawl for: the claim committed but its reply was lost with the
+# connection (a database restart or a killed session). Only claims made before :claimed_before (this node's own
+# clock, like start_time), so that a claim whose reply is still on its way is never taken. Reads
+# spider_job_ongoing_worker_idx.
+RELEASE_FORGOTTEN_CLAIMS = text("""
+    WITH released AS (
+        UPDATE spider_job SET status = 'pending'
+        WHERE status = 'ongoing' AND worker = :worker AND start_time < :claimed_before AND NOT (id = ANY(:known_ids))
+        RETURNING id, project, job
+    )
+    SELECT id, project, job, pg_notify(:channel, project) AS notified FROM released
+""")
+
+# --- operations ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TakenOverJob:
+    """A job recovered from this node while it could not renew its lease: where it is now."""
+
+    id: int
+    project: str
+    job: str
+    status: str
+    node: str | None  # the node that claimed it last
+    outcome: str | None
+
+
+def _released(rows) -> list[ReleasedJob]:
+    return [ReleasedJob(row.id, row.project, row.job, row.status) for row in rows]
+
+
+class NodeLeases:
+    """A node's registration and leases over one database (part of ``JobStore``)."""
+
+    engine: Engine
+
+    @database_errors
+    def register_node(self, *, worker: str, name: str, url: str | None, max_proc: int | None) -> None:
+        with db.autocommit(self.engine) as connection:
+            connection.execute(REGISTER_NODE, {"worker": worker, "name": name, "url": url, "max_proc": max_proc})
+
+    @database_errors
+    def heartbeat(self, worker: str) -> bool:
+        """Renew the lease; False when the node row is gone (the caller registers again)."""
+        with db.autocommit(self.engine) as connection:
+            sent = time.time()
+            database_clock = connection.execute(HEARTBEAT, {"worker": worker}).scalar()
+        if database_clock is None:
+            return False
+        db.learn_clock_offset(database_clock, sent, time.time())
+        return True
+
+    @database_errors
+    def stop_node(self, worker: str) -> None:
+        with db.autocommit(self.engine) as connection:
+            connection.execute(STOP_NODE, {"worker": worker})
+
+    @database_errors
+    def recover_expired_leases(self, *, worker: str, lease_seconds: float, max_attempts: int) -> list[ReleasedJob]:
+        """Take the running jobs of the other processes whose lease expired; return what was taken and where to."""
+        params = {
+            "worker": worker,
+            "lease_seconds": float(lease_seconds),
+            "max_attempts": max_attempts,
+            "now": now(),
+            "channel": NOTIFY_CHANNEL,
+        }
+        with db.autocommit(self.engine) as connection:
+            return _released(connection.execute(RECOVER_EXPIRED_LEASES, params))
+
+    @database_errors
+    def hand_back(
+        self, claims: Iterable[ClaimedJob], *, worker: str, node: str, max_attempts: int
+    ) -> list[ReleasedJob]:
+        """Give up claims of a stopping node: back to pending, or 'interrupted' once out of attempts."""
+        claims = list(claims)
+        if not claims:
+            return []
+        params = {
+            "ids": [claimed.id for claimed in claims],
+            "attempts": [claimed.attempt for claimed in claims],
+            "worker": worker,
+            "node": node,
+            "max_attempts": max_attempts,
+            "now": now(),
+            "channel": NOTIFY_CHANNEL,
+        }
+        with db.autocommit(self.engine) as connection:
+            return _released(connection.execute(HAND_BACK_CLAIMS, params))
+
+    @database_errors
+    def release_forgotten_claims(
+        self, *, worker: str, known_ids: Iterable[int], claimed_before: datetime.datetime
+    ) -> list[ReleasedJob]:
+        """Back to pending: this process's claims made before ``claimed_before`` that are not in ``known_ids``."""
+        params = {
+            "worker": worker,
+            "known_ids": list(known_ids),
+            "claimed_before": claimed_before,
+            "channel": NOTIFY_CHANNEL,
+        }
+        with db.autocommit(self.engine) as connection:
+            rows = connection.execute(RELEASE_FORGOTTEN_CLAIMS, params)
+            return [ReleasedJob(row.id, row.project, row.job, PENDING) for row in rows]
+
+    @database_errors
+    def claims_taken_over(self, claims: Iterable[ClaimedJob], *, worker: str) -> list[TakenOverJob]:
+        """Of this process's ``claims``, those recovered from it meanwhile, with who runs them now."""
+        claims = list(claims)
+        if not claims:
+            return []
+        params = {"ids": [c.id for c in claims], "attempts": [c.attempt for c in claims], "worker": worker}
+        with db.autocommit(self.engine) as connection:
+            return [TakenOverJob(**row._mapping) for row in connection.execute(CLAIMS_TAKEN_OVER, params)]

@@ -1,0 +1,167 @@
+"""Any number of nodes: a fixed connection budget per node, and a whole cluster through PgBouncer.
+
+Real ``scrapyd`` nodes, a real PgBouncer (Debian's, transaction pooling) in front of a real Postgres, real crawls
+that record their own runs (runs.jsonl). What a user counts: jobs run exactly once, connections Postgres sees,
+every ``schedule.json`` answered ``ok``.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import make_url
+
+from scrapyd_pgqueue import devdb
+from scrapyd_pgqueue.cluster import LocalCluster
+from helpers import database_with_secret_owner, jobs, query, runs, runs_of, schedule, wait_for
+
+FAST = {"max_proc": "2", "poll_interval": "1", "heartbeat_interval": "1", "lease_seconds": "5",
+        "finished_to_keep": "1000"}
+
+
+class ConnectionSampler(threading.Thread):
+    """The most connections the package held to one database at once (by application_name; the test's own
+    queries left out), sampled every 50 ms."""
+
+    def __init__(self, admin_url: str):
+        super().__init__(daemon=True)
+        self.admin_url = admin_url
+        self.peak: dict[str, int] = {}
+        self.peak_total = 0
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.wait(0.05):
+            rows = query(self.admin_url, "SELECT application_name, count(*) FROM pg_stat_activity "
+                                         "WHERE datname = current_database() AND application_name LIKE 'scrapyd%%' "
+                                         "GROUP BY application_name")
+            for name, count in rows:
+                self.peak[name] = max(self.peak.get(name, 0), count)
+            self.peak_total = max(self.peak_total, sum(count for _, count in rows))
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.join()
+
+
+@pytest.fixture
+def bounced(postgres_server, pgbouncer, tmp_path):
+    """(nodes' URL through PgBouncer, direct nodes' URL, superuser URL, server, bouncer): a Postgres the test may
+    restart, with PgBouncer in front. The suite's server, or a private one when the suite uses a shared server."""
+    server_url, server = postgres_server
+    private = bouncer = None
+    if server is None:
+        private = server = devdb.throwaway_postgres()
+        bouncer = pgbouncer = devdb.LocalPgBouncer(server.url)
+        bouncer.start()
+        server_url = server.url
+    url, admin_url = database_with_secret_owner(server_url)
+    pgbouncer.allow(make_url(url).username)
+    try:
+        yield pgbouncer.url_for(url), url, admin_url, server, pgbouncer
+    finally:
+        for owned in (bouncer, private):
+            if owned is not None:
+                owned.remove()
+
+
+def test_six_nodes_through_pgbouncer_run_every_job_once_cancel_deploy_and_survive_a_postgres_restart(
+    bounced, start_cluster, tmp_path, egg
+):
+    bounced_url, direct_url, admin_url, server, bouncer = bounced
+    # Nodes 1-3 poll-only (everything through PgBouncer); 4-6 with their one listener straight to Postgres.
+    polling = start_cluster(bounced_url, 3, name_prefix="polling", **FAST).nodes
+    listening = start_cluster(bounced_url, 3, name_prefix="listening", listen_url=direct_url, **FAST).nodes
+    nodes = polling + listening
+    for node in nodes:
+        assert node.get("listspiders.json", project="example")["spiders"] == ["quotes", "sleeper"]
+
+    # An egg deployed once, through one node, runs on every node: 12 slots, 12 crawls of it at once.
+    assert polling[0].post("addversion.json", project="eggproject", version="1", egg=egg.read_bytes())["status"] == "ok"
+    for node in nodes:
+        wait_for(lambda: "eggproject" in node.get("listprojects.json")["projects"], 15, f"{node.name} to learn it")
+        assert node.get("listspiders.json", project="eggproject")["spiders"] == ["quotes", "sleeper"]
+    egg_jobs = [
+        node.post("schedule.json", project="eggproject", spider="sleeper", seconds="8")["jobid"]
+        for node in nodes for _ in range(2)
+    ]
+    wait_for(lambda: all(runs_of(tmp_path, job) for job in egg_jobs), 90, "every egg job to start")
+    ran_on = collections.Counter(runs_of(tmp_path, job)[0]["node"] for job in egg_jobs)
+    assert set(ran_on) == {node.name for node in nodes}, ran_on
+    wait_for(lambda: {state[0] for state in jobs(admin_url, *egg_jobs).values()} == {"terminated"}, 60,
+             "the egg jobs to finish")
+
+    # A running job cancelled through another node.
+    schedule(listening[0], "to-cancel", seconds="120")
+    [run] = wait_for(lambda: runs_of(tmp_path, "to-cancel"), 30, "it to start")
+    other = next(node for node in nodes if node.name != run["node"])
+    assert other.post("cancel.json", project="example", job="to-cancel")["prevstate"] == "running"
+    wait_for(lambda: jobs(admin_url, "to-cancel")["to-cancel"][:2] == ("terminated", "cancelled"), 30,
+             "the crawl to be cancelled")
+
+    # 60 jobs through every node, Postgres restarted while they run: each runs exactly once.
+    names = [f"job{i:02}" for i in range(60)]
+    for i, job in enumerate(names):
+        schedule(nodes[i % 6], job, seconds="0.5")
+
+    def finished():
+        return sum(1 for state in jobs(admin_url, *names).values() if state[0] == "terminated")
+
+    wait_for(lambda: finished() >= 15, 120, "a quarter of the jobs to finish")
+    server.restart()
+    wait_for(lambda: finished() == 60, 180, "every job to finish after the restart")
+    table = jobs(admin_url, *names)
+    assert {state[:2] for state in table.values()} == {("terminated", "finished")}
+    assert sorted(run["job"] for run in runs(tmp_path) if run["job"] in names) == names
+
+    # Poll-only is said once, by the nodes behind the pooler only.
+    for node in polling:
+        assert node.logfile.read_text().count("runs poll-only") == 1, node.name
+    for node in listening:
+        assert "runs poll-only" not in node.logfile.read_text(), node.name
+    # Besides PgBouncer's own server connections, Postgres sees exactly the three direct listeners.
+    bouncer_ports = {server["local_port"] for server in bouncer.show("SHOW SERVERS")}
+    direct = query(admin_url, "SELECT application_name, client_port FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    assert sorted(name for name, port in direct if port not in bouncer_ports) == [
+        f"scrapyd-pgqueue-listener {node.name}" for node in listening
+    ]
+    assert len(bouncer_ports) <= 20  # PgBouncer's pool, whatever the number of nodes
+
+
+def test_twenty_idle_then_busy_nodes_stay_within_three_connections_each(database, start_cluster, tmp_path):
+    url, admin_url = database
+    cluster = start_cluster(url, 20, max_proc="2", poll_interval="1", heartbeat_interval="1")
+    nodes = cluster.nodes
+    for node in nodes:  # Scrapyd's `scrapy list` once per node (it reads the egg itself: one short connection)
+        node.get("listspiders.json", project="example")
+    with ConnectionSampler(admin_url) as sampler:
+        time.sleep(5)  # idle: heartbeats, polls, egg catalogue checks
+        idle_peak = sampler.peak_total
+
+        def schedule_on_a_random_node(i):
+            return random.choice(nodes).post("schedule.json", project="example", spider="sleeper",
+                                             jobid=f"busy{i:03}", seconds="0.5")
+
+        with ThreadPoolExecutor(20) as pool:  # 100 schedules, 20 at once, then crawls on every node
+            answers = list(pool.map(schedule_on_a_random_node, range(100)))
+        names = [f"busy{i:03}" for i in range(100)]
+        wait_for(lambda: {state[0] for state in jobs(admin_url, *names).values()} == {"terminated"}, 180,
+                 "every job to finish")
+
+    print(f"20 nodes: peak {idle_peak} connections idle, {sampler.peak_total} busy; by name {sampler.peak}")
+    assert [answer["status"] for answer in answers] == ["ok"] * 100
+    assert sorted(run["job"] for run in runs(tmp_path)) == names
+    assert sampler.peak_total <= 20 * 3
+    for node in nodes:  # the pool, 2 at most, and one listener, per node; crawls open none
+        assert sampler.peak.get(f"scrapyd-pgqueue {node.name}", 0) <= 2, sampler.peak
+        assert sampler.peak.get(f"scrapyd-pgqueue-listener {node.name}", 0) <= 1, sampler.peak

@@ -1,0 +1,203 @@
+"""Leases under stalls and cuts: a database that stops answering, or one node cut off from it, while crawls run.
+
+A stall (every Postgres process stopped with SIGSTOP, as a storage stall or a VM pause looks from the nodes) is
+not a death: no job is taken over and none runs twice. A node cut off from the database (a TCP forwarder in front
+of Postgres that stops forwarding, without closing anything) loses its jobs to the others after the lease; with
+``on_lease_lost = stop`` its crawls are gone before the others start theirs. What counts is what the crawls
+record themselves (runs.jsonl) and which of their processes are alive, sampled by the test.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from scrapyd_pgqueue.devdb import free_port
+from helpers import jobs, runs, runs_of, schedule, timed, wait_for
+
+LEASE = 6
+# Short leases and timings: a stall or cut of two leases takes seconds. stop: SIGTERM after 6 - 2 - 1 = 3 s without
+# a renewed lease, SIGKILL 1 s later, 2 s before the lease expires on the database's clock.
+FAST = {
+    "lease_seconds": str(LEASE), "heartbeat_interval": "1", "poll_interval": "1", "stop_timeout": "1",
+    "database_timeout": "3", "max_proc": "2",
+}
+
+
+class PidWatch(threading.Thread):
+    """Samples every crawl process that recorded a run: when each was last seen alive (crawls run on this host)."""
+
+    def __init__(self, tmp_path):
+        super().__init__(daemon=True)
+        self.tmp_path = tmp_path
+        self.last_alive: dict[int, float] = {}
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.wait(0.05):
+            for run in runs(self.tmp_path):
+                if _alive(run["pid"]):
+                    self.last_alive[run["pid"]] = time.time()
+
+    def overlaps(self, job_runs: list[dict]) -> list[float]:
+        """Seconds each later run of one job started before the previous run's process was last seen alive."""
+        ordered = sorted(job_runs, key=lambda run: run["started"])
+        return [
+            self.last_alive.get(earlier["pid"], earlier["started"]) - later["started"]
+            for earlier, later in zip(ordered, ordered[1:])
+            if self.last_alive.get(earlier["pid"], earlier["started"]) > later["started"]
+        ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[-1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+class Forwarder(threading.Thread):
+    """A TCP forwarder to Postgres that can be cut: it then stops accepting and moving bytes, closing nothing, as a
+    path that went silent does (the kernel still completes handshakes and acknowledges what was sent)."""
+
+    def __init__(self, target_port: int):
+        super().__init__(daemon=True)
+        self.target_port = target_port
+        self.port = free_port()
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+
+    @property
+    def url_for(self):
+        return lambda url: url.replace(f":{self.target_port}/", f":{self.port}/")
+
+    def cut(self):
+        self.flowing.clear()
+
+    def heal(self):
+        self.flowing.set()
+
+    def run(self):
+        while True:
+            self.flowing.wait()
+            readable = [self.listener] + [end for pair in self.pairs for end in pair]
+            for sock in select.select(readable, [], [], 0.05)[0]:
+                if not self.flowing.is_set():
+                    break
+                if sock is self.listener:
+                    client, _ = self.listener.accept()
+                    self.pairs.append((client, socket.create_connection(("127.0.0.1", self.target_port))))
+                    continue
+                pair = next(pair for pair in self.pairs if sock in pair)
+                other = pair[1] if sock is pair[0] else pair[0]
+                try:
+                    data = sock.recv(65536)
+                    if data:
+                        other.sendall(data)
+                        continue
+                except OSError:
+                    pass
+                self.pairs.remove(pair)
+                for end in pair:
+                    end.close()
+
+
+@pytest.fixture
+def watch(tmp_path):
+    pids = PidWatch(tmp_path)
+    pids.start()
+    yield pids
+    pids.stopping.set()
+
+
+def test_a_stall_longer_than_the_lease_runs_nothing_twice_and_a_schedule_during_it_is_an_answer_in_bounds(
+    stoppable_database, start_cluster, tmp_path, watch
+):
+    url, admin_url, server = stoppable_database
+    cluster = start_cluster(url, 3, **FAST)
+    names = [f"job{i}" for i in range(6)]
+    for i, job in enumerate(names):  # they end during the stall: their finishes wait in the nodes
+        schedule(cluster.nodes[i % 3], job, seconds=str(2 + i % 2))
+    wait_for(lambda: {run["job"] for run in runs(tmp_path)} == set(names), 60, "every crawl to start")
+    time.sleep(LEASE)  # every node has beaten promptly for a whole lease: recovery is armed everywhere
+
+    with server.paused():
+        stalled_at = time.monotonic()
+        seconds, answer = timed(cluster.nodes[0], "post", "schedule.json", project="example", spider="sleeper",
+                                jobid="during-stall")
+        time.sleep(max(0.0, 2 * LEASE - (time.monotonic() - stalled_at)))
+    print(f"schedule.json during the stall answered in {seconds:.1f}s: {answer}")
+
+    wait_for(lambda: {state[0] for state in jobs(admin_url, *names).values()} == {"terminated"}, 60,
+             "every job to be recorded")
+    time.sleep(LEASE + 2)  # a lease of prompt heartbeats later, recovery would have run: nothing may be taken over
+    table = jobs(admin_url)
+    assert seconds < 3 + 2  # database_timeout, and the request's own way
+    if answer["status"] == "ok":  # a job runs if and only if its schedule was answered "ok"
+        names.append("during-stall")
+        wait_for(lambda: jobs(admin_url, "during-stall")["during-stall"][0] == "terminated", 60, "it to finish")
+        table = jobs(admin_url)
+    else:
+        assert "did not answer" in answer["message"] or "no answer" in answer["message"], answer
+    assert sorted(table) == sorted(names)
+    assert {job: state[:2] + state[3:] for job, state in table.items()} == {
+        job: ("terminated", "finished", 1) for job in names
+    }
+    assert sorted(run["job"] for run in runs(tmp_path)) == sorted(names)  # each crawl ran exactly once
+
+
+@pytest.mark.parametrize("on_lease_lost", ["stop", "keep"])
+def test_a_node_cut_off_longer_than_the_lease(database, start_cluster, tmp_path, watch, on_lease_lost):
+    url, admin_url = database
+    forwarder = Forwarder(int(url.rsplit(":", 1)[1].split("/")[0]))
+    forwarder.start()
+    config = {**FAST, "on_lease_lost": on_lease_lost}
+    [cut] = start_cluster(forwarder.url_for(url), 1, name_prefix="cut", **config).nodes
+    names = ["long0", "long1"]
+    for job in names:
+        schedule(cut, job, seconds="20")
+    wait_for(lambda: {run["job"] for run in runs(tmp_path)} == set(names), 60, "both crawls to start on the cut node")
+    others = start_cluster(url, 2, name_prefix="other", **config)
+    time.sleep(LEASE)  # the others have beaten promptly for a whole lease: they recover expired leases
+
+    forwarder.cut()
+    cut_at = time.monotonic()
+    seconds, answer = timed(cut, "post", "schedule.json", project="example", spider="sleeper", jobid="during-cut")
+    wait_for(lambda: all(len(runs_of(tmp_path, job)) == 2 for job in names), 30, "both jobs to run on another node")
+    taken_over_after = time.monotonic() - cut_at
+    time.sleep(max(0.0, 2 * LEASE - (time.monotonic() - cut_at)))
+    forwarder.heal()
+
+    wait_for(lambda: {state[0] for state in jobs(admin_url, *names).values()} == {"terminated"}, 60,
+             "both jobs to finish")
+    overlaps = {job: watch.overlaps(runs_of(tmp_path, job)) for job in names}
+    print(f"{on_lease_lost}: taken over {taken_over_after:.1f}s after the cut; overlaps {overlaps}; "
+          f"schedule.json during the cut answered in {seconds:.1f}s: {answer['status']}")
+    assert seconds < 3 + 2
+    assert answer["status"] == "error"
+    assert "during-cut" not in jobs(admin_url)  # refused means not stored, even once the path heals
+    for job in names:
+        first, second = sorted(runs_of(tmp_path, job), key=lambda run: run["started"])
+        assert (first["node"], second["node"]) == ("cut1", jobs(admin_url, job)[job][2])
+        assert jobs(admin_url, job)[job][:2] == ("terminated", "finished")  # the run that owns the job
+    log = cut.logfile.read_text()
+    if on_lease_lost == "stop":
+        assert overlaps == {job: [] for job in names}  # never two copies at once
+        assert log.count("sending SIGTERM") == 2
+    else:
+        assert all(overlaps[job] for job in names)  # kept running: the price of keep
+        for job in names:
+            assert f"Job {job} of project example ran on cut1 after its lease expired" in log
+
+    # The cut node takes new work again, without a restart.
+    others.stop()
+    schedule(cut, "after-heal", seconds="0")
+    wait_for(lambda: runs_of(tmp_path, "after-heal"), 60, "the cut node to run a new job")
+    assert runs_of(tmp_path, "after-heal")[0]["node"] == "cut1"
