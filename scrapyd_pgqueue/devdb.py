@@ -76,10 +76,15 @@ def _postgres_bin_dir() -> Path:
 
 
 class LocalPostgres:
-    """A Postgres cluster in a temporary directory, owned by this object."""
+    """A Postgres cluster in a temporary directory, owned by this object.
 
-    def __init__(self, port: int | None = None):
+    ``settings`` are written into ``postgresql.conf`` after (so over) ``SERVER_SETTINGS``, e.g.
+    ``{"max_connections": "50"}``.
+    """
+
+    def __init__(self, port: int | None = None, settings: dict[str, str] | None = None):
         self.port = port or free_port()
+        self.settings = {**SERVER_SETTINGS, **(settings or {})}
         self.bin = _postgres_bin_dir()
         self.base = Path(tempfile.mkdtemp(prefix="scrapyd-pgqueue-db-"))
         self.data = self.base / "data"
@@ -102,7 +107,7 @@ class LocalPostgres:
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(f"port = {self.port}\n")
             conf.write(f"unix_socket_directories = '{self.data}'\n")
-            for key, value in SERVER_SETTINGS.items():
+            for key, value in self.settings.items():
                 conf.write(f"{key} = '{value}'\n")
 
     def start(self) -> None:

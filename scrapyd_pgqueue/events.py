@@ -17,6 +17,7 @@ from scrapyd.interfaces import ISpiderScheduler
 from scrapyd.webservice import spider_list
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import notifications
+from scrapyd_pgqueue.db import ThrottledLog
 from scrapyd_pgqueue.store import CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, ClusterStore, EggStore
 
 log = Logger()
@@ -26,6 +27,7 @@ class ClusterEvents:
     def __init__(self, launcher):
         self.launcher = launcher
         self.settings = launcher.settings
+        self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
         self.eggs: dict[str, tuple[int, int]] | None = None  # the egg catalogue last seen
 
     def start(self):
@@ -50,8 +52,8 @@ class ClusterEvents:
         return (
             threads.deferToThread(self._read_state)
             .addCallback(self._apply_state)
-            .addErrback(lambda failure: log.error("Reading cancel requests and eggs failed: {error}",
-                                                  error=failure.getErrorMessage()))
+            .addErrback(lambda failure: self.trouble.report(
+                f"Reading cancel requests and eggs failed: {failure.getErrorMessage()}", key="check"))
         )
 
     def _read_state(self):
@@ -59,6 +61,7 @@ class ClusterEvents:
         return cancels, EggStore.for_settings(self.settings).egg_catalogue()
 
     def _apply_state(self, state):
+        self.trouble.clear("check")
         cancels, eggs = state
         self.deliver_cancels(cancels)
         seen = self.eggs if self.eggs is not None else {}  # never read: whatever exists may be new here

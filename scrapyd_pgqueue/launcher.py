@@ -93,6 +93,7 @@ class PostgresLauncher(Launcher):
         self.events = ClusterEvents(self)  # cancel requests and egg changes from other nodes
         self.stopping = False
         self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
+        self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
 
     @staticmethod
     def _node_url(config):
@@ -317,9 +318,11 @@ class PostgresLauncher(Launcher):
             try:
                 self.finished.add(process)
             except Exception as e:  # noqa: BLE001 - kept and retried; the slot is not affected
-                log.error("Could not record job {job}, retrying: {error}", job=process.job, error=e)
+                self.trouble.report(f"Could not record job {process.job}, retrying every heartbeat: {e}", key="record")
                 break
             recorded.append(process)
+        if recorded and len(recorded) == len(batch):
+            self.trouble.clear("record")
         return recorded
 
 

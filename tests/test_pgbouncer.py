@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue import devdb
-from scrapyd_pgqueue.cluster import LocalCluster
 from helpers import database_with_secret_owner, jobs, query, runs, runs_of, schedule, wait_for
 
 FAST = {"max_proc": "2", "poll_interval": "1", "heartbeat_interval": "1", "lease_seconds": "5",

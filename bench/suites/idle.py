@@ -18,13 +18,15 @@ simulator goes, and converted to statements per second at Scrapyd's default 5 s 
 
 Counted over a fixed window after a warm-up, in the child:
 - client-side, exactly: every statement SQLAlchemy sends on the package's engine (``before_cursor_execute``; one
-  per ``count()``, one per claim). psycopg2's implicit BEGIN and the COMMIT/ROLLBACK around each are not
-  statements of this count, nor is the ``SELECT 1`` with which the package pings a pooled connection idle for
-  more than ``scrapyd_pgqueue.db.PING_AFTER_IDLE_SECONDS``;
+  per ``count()``, one per claim). Each runs in autocommit, with the package's ``SET LOCAL statement_timeout ...;``
+  prefix in the same query string: one round trip and one (implicit) transaction on the server, no BEGIN and no
+  COMMIT. Nothing else is sent: a pooled connection is checked out without a round trip (the package looks at
+  its socket for readability; there is no ping);
 - server-side: transactions of the bench database (``pg_stat_database`` ``xact_commit + xact_rollback`` deltas).
   A backend reports its counts at most once a second, but always when it exits: at both ends of the window the
   ticks stop, claims in flight end and the pool is closed, so both readings are exact. And, when the server
-  preloads ``pg_stat_statements``, every statement it received (BEGIN, COMMIT and pings included).
+  preloads ``pg_stat_statements``, every statement it received (the two ``SET LOCAL`` of the prefix count as
+  statements there: three per query string).
 """
 
 from __future__ import annotations
@@ -219,10 +221,10 @@ def defer_inline(function):
 class Counter:
     """What this process's engine sends, by kind; called from the reactor thread and the thread pool.
 
-    Statements (``before_cursor_execute``: one per count(), one per claim), connections opened (``connect``: each
-    costs the server one transaction) and pings (a checkout of a connection idle for over
-    ``scrapyd_pgqueue.db.PING_AFTER_IDLE_SECONDS``, which the package's own checkout listener, registered before
-    this one, pings with ``SELECT 1``: one transaction, unseen by ``before_cursor_execute``).
+    Statements (``before_cursor_execute``: one per count(), one per claim, each one autocommit transaction on the
+    server) and connections opened (``connect``: each costs the server one transaction). A checkout sends nothing
+    (the package checks the pooled connection's socket for readability, no round trip), so there is no ping to
+    count.
     """
 
     def __init__(self):
@@ -239,13 +241,6 @@ class Counter:
 
     def connected(self, dbapi_connection, record):
         self.add("connect")
-
-    def checked_out(self, dbapi_connection, record, proxy):
-        from scrapyd_pgqueue import db
-
-        idle_since = record.info.get("idle_since")
-        if idle_since is not None and time.monotonic() - idle_since >= db.PING_AFTER_IDLE_SECONDS:
-            self.add("ping")
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:
@@ -332,7 +327,6 @@ class Simulation:
         self.counter = Counter()
         event.listen(self.engine, "before_cursor_execute", self.counter.statement)
         event.listen(self.engine, "connect", self.counter.connected)
-        event.listen(self.engine, "checkout", self.counter.checked_out)  # after the package's own ping listener
         self.random = random.Random(RANDOM_SEED)
 
     def close(self):
@@ -480,7 +474,7 @@ def _result(kind, nodes, projects, sizes, first, last, seconds, build_seconds, e
     client = {key: last["client"].get(key, 0) - first["client"].get(key, 0)
               for key in set(first["client"]) | set(last["client"])}
     statements = sum(client.get(key, 0) for key in STATEMENT_KINDS)
-    pings, connects = client.get("ping", 0), client.get("connect", 0)
+    connects = client.get("connect", 0)
     server = {key: last["server"][key] - first["server"][key] for key in last["server"]}
     server["transactions"] -= _own_transactions("statements" in server)
     if "statements" in server:
@@ -506,11 +500,10 @@ def _result(kind, nodes, projects, sizes, first, last, seconds, build_seconds, e
         "client": client,
         "client_statements": statements,
         "server": server,
-        # Transactions the client side accounts for: one per statement (count() and the claim are each alone in
-        # theirs) and one per ping; what the server counted beyond is someone else's (autovacuum, ...).
-        "transactions_unexplained": transactions - statements - pings,
+        # Transactions the client side accounts for: one per statement (each count() and claim is one autocommit
+        # transaction); what the server counted beyond is someone else's (autovacuum, ...).
+        "transactions_unexplained": transactions - statements,
         "statements_per_tick": per_tick(statements),  # per node
-        "pings_per_tick": per_tick(pings),
         "transactions_per_tick": per_tick(transactions),
         "server_statements_per_tick": per_tick(server_statements),
         # All K nodes together at Scrapyd's default 5 s interval.
@@ -578,21 +571,21 @@ def _notes(series: dict, sizes: Sizes, statements_source: str | None) -> list[st
         "connection, which sends LISTEN once at connect and nothing while idle; with it on, the server would count "
         "that LISTEN transaction late, inside the window",
         "stmt = client-side count (SQLAlchemy before_cursor_execute on the package's engine): the SQL the pollers "
-        "send, one count() or one claim each. Not in it: psycopg2's BEGIN and the COMMIT/ROLLBACK around each, and "
-        "the SELECT 1 ping of a pooled connection idle for over 1 s (scrapyd_pgqueue.db), which a real node at the "
-        "default 5 s sends about once per tick; here all simulated nodes share one process's pool, so pings are "
-        "rarer (they are in xact/tick)",
+        "send, one count() or one claim each, each in autocommit with the package's SET LOCAL timeouts in the same "
+        "query string (one round trip, one transaction). Nothing else goes to the server: no BEGIN/COMMIT, and no "
+        "ping (a pooled connection is checked by looking at its socket, scrapyd_pgqueue.db)",
         "xact = pg_stat_database xact_commit + xact_rollback deltas of the bench database, exact: ticking stops and "
         "the pool is closed at both ends of the window, so every backend has reported; the bench's own reads and "
-        "the connections the simulation opens are subtracted. 'xact unexplained' = xact - stmt - pings: what the "
+        "the connections the simulation opens are subtracted. 'xact unexplained' = xact - stmt: what the "
         "client side does not account for (autovacuum, ...)",
     ]
     if statements_source is None:
         notes.append("pg_stat_statements is not in shared_preload_libraries of this server: no server-side "
-                     "statement count; each count() or claim is BEGIN + the statement + COMMIT/ROLLBACK on the wire")
+                     "statement count; each count() or claim is one query string on the wire (the SET LOCAL prefix and the "
+                     "statement), one autocommit transaction")
     else:
-        notes.append("server stmt = pg_stat_statements calls in the bench database (BEGIN, COMMIT, ROLLBACK and "
-                     "pings included), the bench's own reads subtracted")
+        notes.append("server stmt = pg_stat_statements calls in the bench database (each query string counts "
+                     "three: the two SET LOCAL of the prefix and the statement), the bench's own reads subtracted")
     behind = [p for kind in SERIES for p in series[kind]["points"] if p["ticks_on_time"] < 0.9]
     if behind:
         worst = min(behind, key=lambda p: p["ticks_on_time"])
@@ -642,7 +635,7 @@ def format_table(result: dict) -> str:
         f"slots each, listen_notify {parameters['listen_notify']}) ticking every "
         f"{parameters['simulated_poll_interval']:g} s "
         f"in one process. stmt = statements the pollers send (client-side, SQLAlchemy); xact = transactions the server "
-        f"counted (pg_stat_database, pings included). Per tick = per node; @5s = all K nodes at Scrapyd's default "
+        f"counted (pg_stat_database). Per tick = per node; @5s = all K nodes at Scrapyd's default "
         f"{parameters['reported_at_poll_interval']:g} s interval; sim = achieved by the simulation",
         report.format_rows(headers, rows),
         "",
