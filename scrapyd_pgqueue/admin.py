@@ -1,4 +1,4 @@
-"""The operator's subcommands of ``scrapyd-pgqueue``: the queue at a glance, and requeue, cancel, prune.
+"""The operator's subcommands of ``scrapyd-pgqueue``: the queue at a glance, and requeue, cancel, enqueue, prune.
 
 They talk to the database directly (``store.ClusterStore``), so they work with every node down. Tables for people
 by default; ``--json`` for scripts.
@@ -43,6 +43,13 @@ def add_commands(commands, database_url_argument) -> None:
         parser.add_argument("--project", help="the job's project (needed only when several projects have this id)")
     cancel = commands.choices["cancel"]
     cancel.add_argument("--signal", default="INT", help="signal for a running crawl (default INT; again: forced)")
+
+    enqueue = command("enqueue", run_enqueue, "add the jobs of a JSON Lines file (one job object a line) to the queue")
+    enqueue.add_argument("file", metavar="FILE", type=argparse.FileType("r", encoding="utf-8"),
+                         help='JSON Lines: {"spider": ..., "priority": ..., "jobid": ..., "args": {...}, '
+                              '"settings": {...}, "version": ...} a line; - for standard input')
+    enqueue.add_argument("--project", required=True, help="the project of every job")
+    enqueue.add_argument("--batch-size", type=int, default=5000, help="jobs stored per statement (default 5000)")
 
     prune = command("prune", run_prune, "delete finished jobs (and their stored logs)")
     prune.add_argument("--keep", type=int, help="keep only the newest N finished jobs")
@@ -221,3 +228,86 @@ def run_prune(args) -> int:
     else:
         print(f"Deleted {deleted} finished job{'s' if deleted != 1 else ''}.")
     return 0
+
+
+# --- enqueue -----------------------------------------------------------------------------------------------------
+
+
+def run_enqueue(args) -> int:
+    """Stream the file into the queue, ``--batch-size`` jobs a statement (each batch all or none), in file order.
+
+    While the database stores one batch, the next is read and checked (a thread waits on the database), so the
+    command goes as fast as the slower of the two. A bad line stops the command there, saying which line and why,
+    and how many jobs (the lines before its batch) are queued. Spider names are not checked against the project
+    (no node is asked): schedule through a node's schedule_batch.json for that.
+    """
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from scrapyd_pgqueue.job_requests import RefusedJob, job_from_json
+    from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
+
+    store = JobStore.for_url(args.database_url)
+    started = time.monotonic()
+    queued = 0
+    progress = tqdm(unit=" jobs", desc="enqueued", file=sys.stderr, disable=None, mininterval=0.5)
+
+    def store_batch(batch) -> None:
+        try:
+            store.enqueue_many(args.project, [(job.message, job.priority) for _, job in batch])
+        except (DuplicateJobError, InvalidJobError) as e:
+            index, _, reason = str(e).partition(": ")
+            line = batch[int(index.split()[-1])][0] if index.startswith("job ") else batch[0][0]
+            raise RefusedJob(f"line {line}: {reason or e}") from None
+
+    def lines():
+        for number, text in enumerate(args.file, start=1):
+            if text.strip():
+                try:
+                    yield number, job_from_json(json.loads(text))
+                except (ValueError, RefusedJob) as e:
+                    raise RefusedJob(f"line {number}: {e}") from None
+
+    storing = None  # (future, size) of the batch being stored
+    batch = []
+    with ThreadPoolExecutor(1) as writer:
+        try:
+            for item in lines():
+                batch.append(item)
+                if len(batch) >= args.batch_size:
+                    queued += _stored(storing, progress)
+                    storing, batch = (writer.submit(store_batch, batch), len(batch)), []
+            queued += _stored(storing, progress)
+            storing = None
+            if batch:
+                queued += _stored((writer.submit(store_batch, batch), len(batch)), progress)
+        except RefusedJob as e:
+            progress.close()
+            if storing is not None:
+                queued += _stored(storing, progress, failed_ok=True)
+            return _fail(f"{e}; {queued} jobs before its batch are queued")
+    progress.close()
+    seconds = time.monotonic() - started
+    result = {"project": args.project, "queued": queued, "seconds": round(seconds, 3)}
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"{queued} jobs queued in project '{args.project}' in {seconds:.1f} s ({queued / max(seconds, 1e-9):.0f}/s)")
+    return 0
+
+
+def _stored(storing, progress, failed_ok: bool = False) -> int:
+    """Wait for a batch being stored; how many jobs it stored (its error is raised, or 0 with ``failed_ok``)."""
+    if storing is None:
+        return 0
+    future, size = storing
+    try:
+        future.result()
+    except Exception:
+        if failed_ok:
+            return 0
+        raise
+    progress.update(size)
+    return size

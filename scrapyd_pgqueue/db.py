@@ -155,8 +155,11 @@ ANSWER_MARGIN = 1.0  # seconds a statement's effect must precede the caller's de
 
 
 def learn_clock_offset(database_clock: float, sent: float, received: float) -> None:
+    """From a statement that read the database's clock between ``sent`` and ``received`` (this process's clock):
+    only a quick one, whose midpoint is within a fraction of ANSWER_MARGIN."""
     global _clock_offset
-    _clock_offset = database_clock - (sent + received) / 2
+    if received - sent < ANSWER_MARGIN / 4:
+        _clock_offset = database_clock - (sent + received) / 2
 
 
 def answer_by() -> float:

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
+import json
 from urllib.parse import quote, urljoin
 
 from twisted.web import error, http, resource
 
 from scrapyd.exceptions import DirectoryTraversalError
 from scrapyd.utils import get_file_path
-from scrapyd.webservice import WsResource, param
 from scrapyd.webservice import Schedule as ScrapydSchedule
+from scrapyd.webservice import WsResource, param, spider_list
 from scrapyd.website import File
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.store import MAX_NAME_BYTES, SIGNAL_NAMES, ClusterStore, DuplicateJobError, InvalidJobError
+from scrapyd_pgqueue.job_requests import MAX_BATCH_JOBS, RefusedJob, check_form, job_from_json
+from scrapyd_pgqueue.store import SIGNAL_NAMES, ClusterStore, DuplicateJobError, InvalidJobError, JobStore
 
 
 def log_path(job) -> str:
@@ -210,90 +211,6 @@ class Logs(resource.Resource):
         return resource.NoResource("No such log.").render(request)
 
 
-# Linux refuses to start a process with one command-line argument longer than this (MAX_ARG_STRLEN, the NUL
-# included): a spider argument or setting ``name=value`` that long can never be passed to the crawl.
-MAX_CRAWL_ARGUMENT_BYTES = 131072 - 1
-# All spider arguments and settings together; the whole command line and the environment share ARG_MAX (2 MiB).
-MAX_CRAWL_ARGUMENTS_TOTAL_BYTES = 1024 * 1024
-# A job id names the job's log file, <jobid>.log, and file names are at most 255 bytes.
-MAX_JOB_ID_BYTES = 200
-# Form fields schedule.json reads itself; every other field is a spider argument.
-SCHEDULE_PARAMETERS = {"project", "spider", "_version", "jobid", "priority", "setting"}
-# Keys the job's message uses for itself: a spider argument of that name would clash with them.
-RESERVED_ARGUMENTS = {"name", "settings", "_job", "_project", "_spider"}
-
-
-def _refuse(message: str):
-    return error.Error(code=http.OK, message=message.encode())
-
-
-def _shown(value: str, limit: int = 100) -> str:
-    """A value for an error message: quoted, and cut short when long."""
-    return repr(value if len(value) <= limit else value[:limit] + "...")
-
-
-def check_schedule_request(args: dict[bytes, list[bytes]]) -> None:
-    """Refuse (twisted.web.error.Error, Scrapyd's way) a schedule.json request that cannot become a runnable job."""
-    fields = {}
-    for raw_name, raw_values in args.items():
-        try:
-            name = raw_name.decode()
-            values = [value.decode() for value in raw_values]
-        except UnicodeDecodeError:
-            raise _refuse(f"{_shown(raw_name.decode(errors='replace'))} is not valid UTF-8") from None
-        if "\x00" in name or any("\x00" in value for value in values):
-            raise _refuse(f"{_shown(name)} may not contain NUL characters")
-        fields[name] = values
-
-    for name in ("project", "spider", "_version"):
-        for value in fields.get(name, []):
-            if len(value.encode()) > MAX_NAME_BYTES:
-                raise _refuse(f"{name} is longer than {MAX_NAME_BYTES} bytes")
-    for jobid in fields.get("jobid", []):
-        if not jobid:
-            raise _refuse("jobid may not be empty")
-        if "/" in jobid:
-            raise _refuse("jobid may not contain '/': it names the job's log file")
-        if len(jobid.encode()) > MAX_JOB_ID_BYTES:
-            raise _refuse(f"jobid is longer than {MAX_JOB_ID_BYTES} bytes: it names the job's log file")
-    for priority in fields.get("priority", [])[:1]:
-        try:
-            number = float(priority)
-        except ValueError:
-            continue  # Scrapyd's own check answers "priority is invalid: ..."
-        if not math.isfinite(number):
-            raise _refuse(f"priority must be a finite number, not {_shown(priority)}")
-
-    # What the crawl's command line will carry: -s NAME=VALUE for each setting, -a NAME=VALUE for each argument.
-    pairs = []
-    for setting in fields.get("setting", []):
-        if "=" not in setting:
-            raise _refuse(f"setting must be NAME=VALUE, not {_shown(setting)}")
-        pairs.append(("setting", setting))
-    for name, values in fields.items():
-        if name in SCHEDULE_PARAMETERS:
-            continue
-        if name in RESERVED_ARGUMENTS:
-            raise _refuse(f"{_shown(name)} is reserved and cannot be a spider argument")
-        if not name or "=" in name:
-            raise _refuse(f"spider argument names may not be empty or contain '=', not {_shown(name)}")
-        pairs.append((f"argument {_shown(name)}", f"{name}={values[0]}"))
-    total = 0
-    for what, pair in pairs:
-        size = len(pair.encode())
-        if size > MAX_CRAWL_ARGUMENT_BYTES:
-            raise _refuse(
-                f"{what} is {size} bytes long; a crawl's command line takes at most {MAX_CRAWL_ARGUMENT_BYTES} "
-                "bytes per argument"
-            )
-        total += size
-    if total > MAX_CRAWL_ARGUMENTS_TOTAL_BYTES:
-        raise _refuse(
-            f"spider arguments and settings are {total} bytes long together; at most "
-            f"{MAX_CRAWL_ARGUMENTS_TOTAL_BYTES} are accepted"
-        )
-
-
 class Schedule(ScrapydSchedule, DatabaseErrorsAsMessages):
     """schedule.json that refuses, with a plain message, what the queue cannot store or a crawl cannot start.
 
@@ -302,8 +219,59 @@ class Schedule(ScrapydSchedule, DatabaseErrorsAsMessages):
     """
 
     def render_POST(self, txrequest):
-        check_schedule_request(txrequest.args)
         try:
+            check_form(txrequest.args)
             return super().render_POST(txrequest)
-        except (DuplicateJobError, InvalidJobError) as e:
+        except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
             raise _refuse(str(e)) from e
+
+
+def _refuse(message: str):
+    return error.Error(code=http.OK, message=message.encode())
+
+
+class ScheduleBatch(ClusterResource):
+    """``schedule_batch.json``: many jobs of one project in one request, all or none, one NOTIFY.
+
+    POST a JSON body ``{"project": P, "jobs": [{"spider", "priority", "jobid", "args", "settings", "version"}, ...]}``;
+    the answer gives the job ids in order. Each job passes schedule.json's rules; the first that does not refuses the
+    whole batch, naming its index.
+    """
+
+    def render_POST(self, txrequest):
+        try:
+            body = json.loads(txrequest.content.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _refuse(f"the body must be a JSON object: {e}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("jobs"), list) or not body["jobs"]:
+            raise _refuse('the body must be a JSON object {"project": ..., "jobs": [...]} with at least one job')
+        project = body.get("project")
+        if not isinstance(project, str):
+            raise _refuse("project must be a string")
+        if len(body["jobs"]) > MAX_BATCH_JOBS:
+            raise _refuse(f"{len(body['jobs'])} jobs: a batch takes at most {MAX_BATCH_JOBS}")
+        self.check_project(project)
+        try:
+            jobs = []
+            for index, job in enumerate(body["jobs"]):
+                try:
+                    jobs.append(job_from_json(job))
+                except RefusedJob as e:
+                    raise RefusedJob(f"job {index}: {e}") from None
+            self.check_spiders(project, jobs)
+            store = JobStore.for_settings(self.settings)
+            store.enqueue_many(project, [(job.message, job.priority) for job in jobs])
+        except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
+            raise _refuse(str(e)) from e
+        return {"jobids": [job.message["_job"] for job in jobs]}
+
+    def check_spiders(self, project, jobs) -> None:
+        """As schedule.json does for one job: each version exists, each spider is in its version's list."""
+        spiders = {}
+        for index, job in enumerate(jobs):
+            if job.version not in spiders:
+                if job.version and self.root.eggstorage.get(project, job.version) == (None, None):
+                    raise RefusedJob(f"job {index}: version '{job.version}' not found")
+                spiders[job.version] = spider_list.get(project, job.version, runner=self.root.runner)
+            if job.spider not in spiders[job.version]:
+                raise RefusedJob(f"job {index}: spider '{job.spider}' not found")

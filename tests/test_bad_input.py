@@ -179,6 +179,84 @@ def test_schedule_refuses_bad_input_with_a_plain_json_error_and_leaves_the_queue
     assert unchanged(queue_database, before) == {}
 
 
+# --- schedule_batch.json ----------------------------------------------------------------------------------------
+
+GOOD_JOB = {"spider": "sleeper", "args": {"seconds": "1"}}
+BAD_BATCH_JOBS = {
+    "unknown spider": ({"spider": "nope"}, "spider 'nope' not found"),
+    "no spider": ({"args": {}}, "spider must be a non-empty string"),
+    "unknown key": ({"spider": "sleeper", "arguments": {}}, "unknown keys ['arguments']"),
+    "priority NaN": ({"spider": "sleeper", "priority": float("nan")}, "priority must be a finite number"),
+    "priority text": ({"spider": "sleeper", "priority": "high"}, "priority must be a finite number"),
+    "1 MB argument": ({"spider": "sleeper", "args": {"big": "x" * 1024 * 1024}}, "bytes per argument"),
+    "NUL in an argument": ({"spider": "sleeper", "args": {"a": "a\x00b"}}, "may not contain NUL characters"),
+    "argument called name": ({"spider": "sleeper", "args": {"name": "x"}}, "'name' is reserved"),
+    "argument called jobid": ({"spider": "sleeper", "args": {"jobid": "x"}}, "is a field of the job"),
+    "argument that is a list": ({"spider": "sleeper", "args": {"a": [1]}}, "must be a string or a number"),
+    "jobid with a path": ({"spider": "sleeper", "jobid": "a/b"}, "may not contain '/'"),
+    "pending job id": ({"spider": "sleeper", "jobid": "pending-1"}, "job id 'pending-1' is already pending"),
+    "unknown version": ({"spider": "sleeper", "version": "9.9"}, "version '9.9' not found"),
+    "not an object": (["sleeper"], "a job must be a JSON object"),
+}
+
+
+def post_batch(node, body) -> requests.Response:
+    return requests.post(f"{node.url}schedule_batch.json", data=json.dumps(body), timeout=30,
+                         headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("case", list(BAD_BATCH_JOBS))
+def test_a_batch_with_one_bad_job_stores_nothing_and_names_the_job(case, node, queued, queue_database):
+    bad, expected = BAD_BATCH_JOBS[case]
+    before = table(queue_database)
+    jobs = [dict(GOOD_JOB, jobid=f"batch-good-{i}") for i in range(3)] + [bad] + [dict(GOOD_JOB)]
+    message = refused(post_batch(node, {"project": "example", "jobs": jobs}), expected)
+    assert message.startswith("job 3: "), message
+    assert unchanged(queue_database, before) == {}
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b"not json", "the body must be a JSON object"),
+    ({"project": "example"}, "with at least one job"),
+    ({"project": "example", "jobs": []}, "with at least one job"),
+    ({"project": "nope", "jobs": [GOOD_JOB]}, "project 'nope' not found"),
+    ({"project": "example", "jobs": [GOOD_JOB] * 10_001}, "a batch takes at most 10000"),
+    ({"project": "example", "jobs": [dict(GOOD_JOB, jobid="twice"), dict(GOOD_JOB, jobid="twice")]},
+     "job 1: job id 'twice' is also job 0"),
+])
+def test_a_bad_batch_is_refused_whole(body, expected, node, queued, queue_database):
+    before = table(queue_database)
+    response = requests.post(f"{node.url}schedule_batch.json", timeout=30,
+                             data=body if isinstance(body, bytes) else json.dumps(body))
+    refused(response, expected)
+    assert unchanged(queue_database, before) == {}
+
+
+def test_a_batch_lands_whole_in_order_as_schedule_json_would_have_queued_it(node, queued, queue_database):
+    before = table(queue_database)
+    jobs = [
+        {"spider": "sleeper", "jobid": "batch-a", "priority": 1, "args": {"seconds": 2, "flag": True}},
+        {"spider": "quotes", "jobid": "batch-b", "settings": {"LOG_LEVEL": "INFO"}},
+        {"spider": "sleeper", "jobid": "batch-c", "priority": 1},
+        {"spider": "sleeper"},  # a job id is made, as schedule.json makes one
+    ]
+    data = answer(post_batch(node, {"project": "example", "jobs": jobs}))
+    assert data["status"] == "ok", data
+    assert data["jobids"][:3] == ["batch-a", "batch-b", "batch-c"] and len(data["jobids"][3]) == 32
+    single = answer(post(node, "schedule.json", *BASE, ("jobid", "batch-single"), ("seconds", "2"), ("flag", "true"),
+                         ("priority", "1")))
+    assert single["status"] == "ok"
+    added = unchanged(queue_database, before)
+    assert len(added) == 5
+    pending = {job["id"]: job for job in answer(get(node, "listjobs.json", ("pending_limit", "10000")))["pending"]}
+    # The same job through either endpoint is the same pending job.
+    assert {k: v for k, v in pending["batch-a"].items() if k != "id"} == {
+        k: v for k, v in pending["batch-single"].items() if k != "id"}
+    assert pending["batch-b"]["settings"] == {"LOG_LEVEL": "INFO"}
+    order = [job_id for job_id in pending if job_id.startswith("batch-") and job_id != "batch-single"]
+    assert order == ["batch-a", "batch-c", "batch-b"]  # priority first, then the batch's order
+
+
 def test_sql_metacharacters_in_job_ids_and_arguments_are_stored_exactly(node, queued, queue_database):
     before = table(queue_database)
     for i, text in enumerate(SQL_METACHARACTERS):

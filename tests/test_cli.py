@@ -190,3 +190,34 @@ def test_an_unreachable_database_is_named_without_its_password(database_url):
     result = run("postgresql://scrapyd:s3cret-pw@127.0.0.1:1/queue", "status", expect=2)
     assert "127.0.0.1:1/queue" in result.stderr
     assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+# --- enqueue ---------------------------------------------------------------------------------------------------
+
+
+def test_enqueue_lands_a_100000_job_file_completely_in_priority_then_file_order(database_url, store, tmp_path,
+                                                                                  admin_connection):
+    jobs = [{"spider": "sleeper", "jobid": f"bulk-{i:06}", "priority": i % 3, "args": {"url": f"https://e.x/{i}"}}
+            for i in range(100_000)]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps(job) + "\n" for job in jobs))
+    result = run_json(database_url, "enqueue", "--project", "example", str(path))
+    assert result["queued"] == 100_000
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT job, message->>'url' FROM spider_job WHERE status = 'pending' ORDER BY priority DESC, id")
+        claim_order = cursor.fetchall()
+    expected = sorted(jobs, key=lambda job: -job["priority"])  # stable: file order within a priority
+    assert claim_order == [(job["jobid"], job["args"]["url"]) for job in expected]
+
+
+def test_enqueue_from_standard_input_stops_at_a_bad_line_and_says_which(database_url, store):
+    lines = [json.dumps({"spider": "sleeper", "jobid": f"ok-{i}"}) for i in range(5)]
+    lines.insert(3, json.dumps({"spider": "sleeper", "priority": "high"}))
+    env = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
+    env["SCRAPYD_DATABASE_URL"] = database_url
+    result = subprocess.run([COMMAND, "enqueue", "--project", "example", "--batch-size", "2", "-"], env=env,
+                            input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "line 4: priority must be a finite number" in result.stderr
+    assert "2 jobs before its batch are queued" in result.stderr
+    assert [message["_job"] for message in store.list_pending("example")] == ["ok-0", "ok-1"]

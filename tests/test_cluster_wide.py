@@ -370,6 +370,14 @@ def test_an_egg_deployed_once_through_node1_runs_on_node3(cluster, tmp_path):
     outcomes = {entry["id"]: entry["outcome"] for entry in node2.get("listjobs.json")["finished"]}
     assert outcomes[first] == outcomes[latest] == "finished"
 
+    # Version 2 deployed again, new code under the same version, through node 1: node 3, which keeps version 2's
+    # egg as a file, runs the new one.
+    write_marker_project(project_dir, cluster, version="2-again")
+    run_client([str(BIN / "scrapyd-deploy"), "node1", "--version", "2"], project_dir)
+    again = schedule(node2, "deployed", "marker", record=str(record))
+    wait_for(lambda: node1.get("status.json", job=again)["currstate"] == "finished", 60, "the new version 2 to run")
+    assert read_records(record)[-1] == {"job": again, "version": "2-again", "node": "node3"}
+
     # Deleting through one node deletes for all.
     assert node3.post("delversion.json", project="deployed", version="1")["status"] == "ok"
     assert node1.get("listversions.json", project="deployed")["versions"] == ["2"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from bench.suites import churn, depth, idle, throughput, wakeup
+from bench.suites import churn, depth, idle, scale, throughput, wakeup
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ SUITES = [
     # --- extension points: planned suites, not implemented yet (see each module's docstring) ---
     Suite("wakeup", wakeup),
     Suite("idle", idle),
+    # Starts its own Postgres and PgBouncer, 100 real Scrapyd nodes twice and up to 1,000 simulated ones: last.
+    Suite("scale", scale),
 ]
 
 SUITES_BY_NAME = {suite.name: suite for suite in SUITES}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import math
@@ -41,6 +42,25 @@ ENQUEUE = text("""
     )
     SELECT id, pg_notify(:channel, :project) FROM inserted
 """)
+
+# Add many pending jobs in one statement, all or none. Rows are inserted in the arrays' order (ORDER BY n), so their
+# ids, and so the claim order among equal priorities, follow it; one NOTIFY for the batch. Same :answer_by as ENQUEUE.
+ENQUEUE_MANY = text("""
+    WITH inserted AS (
+        INSERT INTO spider_job (project, spider, job, version, priority, message, status, created_time)
+        SELECT :project, batch.spider, batch.job, batch.version, batch.priority, batch.message, 'pending', :now
+        FROM unnest(CAST(:spiders AS text[]), CAST(:jobs AS text[]), CAST(:versions AS text[]),
+                    CAST(:prioritys AS double precision[]), CAST(:messages AS jsonb[]))
+             WITH ORDINALITY AS batch(spider, job, version, priority, message, n)
+        WHERE clock_timestamp() < to_timestamp(:answer_by)
+        ORDER BY batch.n
+        RETURNING job, id
+    ), woken AS (
+        SELECT pg_notify(:channel, :project) WHERE EXISTS (SELECT 1 FROM inserted)
+    )
+    SELECT job, id FROM inserted, (SELECT count(*) FROM woken) AS notified
+""")
+
 
 def _claim_statement(which_projects: str):
     """The claim, for one way of choosing projects (a fixed SQL fragment, never a value)."""
@@ -187,39 +207,39 @@ class JobStore(NodeLeases):
     @database_errors
     def enqueue(self, project: str, message: dict[str, Any], priority: float = 0.0) -> int:
         """Add ``message`` (ISpiderQueue's message: spider args plus ``name``) as a pending job; return its row id."""
-        try:
-            priority = float(priority)
-        except (TypeError, ValueError):
-            raise InvalidJobError(f"priority must be a number, not {priority!r}") from None
-        if not math.isfinite(priority):
-            raise InvalidJobError(f"priority must be a finite number, not {priority!r}")
-        job = message.get("_job")
-        if job is None:
-            job = uuid.uuid1().hex  # the row needs an id; the message stays exactly as given
-        version = message.get("_version")
-        params = {
-            "project": check_name("project", project),
-            "spider": check_name("spider name", message.get("name")),
-            "job": check_name("job id", str(job)),
-            "version": None if version is None else check_name("version", version),
-            "priority": priority,
-            "message": encode_message(message),
-            "now": now(),
-            "channel": NOTIFY_CHANNEL,
-        }
-        try:
-            with db.autocommit(self.engine) as connection:
-                params["answer_by"] = db.answer_by()
-                job_id = connection.execute(ENQUEUE, params).scalar()
-        except IntegrityError as e:
-            if getattr(e.orig, "diag", None) and e.orig.diag.constraint_name == "spider_job_live_job_key":
-                raise DuplicateJobError(
-                    f"job id '{job}' is already pending or running in project '{project}'"
-                ) from None
-            raise
+        params = {**_job_row(project, message, priority), "now": now(), "channel": NOTIFY_CHANNEL}
+        with _duplicates_refused(project, [params["job"]]), db.autocommit(self.engine) as connection:
+            params["answer_by"] = db.answer_by()
+            job_id = connection.execute(ENQUEUE, params).scalar()
         if job_id is None:
             raise db.too_late(self.engine, "the job was not stored")
         return job_id
+
+    @database_errors
+    def enqueue_many(self, project: str, jobs: Iterable[tuple[dict[str, Any], float]]) -> list[int]:
+        """Add many (message, priority) jobs at once, all or none, in their order; return their row ids."""
+        rows = []
+        for index, (message, priority) in enumerate(jobs):
+            try:
+                rows.append(_job_row(project, message, priority))
+            except InvalidJobError as e:
+                raise InvalidJobError(f"job {index}: {e}") from None
+        if not rows:
+            return []
+        seen: dict[str, int] = {}
+        for index, row in enumerate(rows):
+            if seen.setdefault(row["job"], index) != index:
+                raise DuplicateJobError(f"job {index}: job id '{row['job']}' is also job {seen[row['job']]}")
+        params = {"project": rows[0]["project"], "now": now(), "channel": NOTIFY_CHANNEL}
+        for column in ("spider", "job", "version", "priority", "message"):
+            params[f"{column}s"] = [row[column] for row in rows]
+        jobs_by_index = params["jobs"]
+        with _duplicates_refused(project, jobs_by_index), db.autocommit(self.engine) as connection:
+            params["answer_by"] = db.answer_by()
+            ids = dict(connection.execute(ENQUEUE_MANY, params).all())
+        if not ids:
+            raise db.too_late(self.engine, "no job was stored")
+        return [ids[job] for job in jobs_by_index]
 
     @database_errors
     def claim_next_jobs(
@@ -340,6 +360,44 @@ class JobStore(NodeLeases):
     def count_terminated(self) -> int:
         with db.autocommit(self.engine) as connection:
             return connection.execute(COUNT_TERMINATED).scalar_one()
+
+
+def _job_row(project: str, message: dict[str, Any], priority: float) -> dict[str, Any]:
+    """The columns of a new pending job, checked as the table can hold them (InvalidJobError)."""
+    try:
+        priority = float(priority)
+    except (TypeError, ValueError):
+        raise InvalidJobError(f"priority must be a number, not {priority!r}") from None
+    if not math.isfinite(priority):
+        raise InvalidJobError(f"priority must be a finite number, not {priority!r}")
+    job = message.get("_job")
+    if job is None:
+        job = uuid.uuid1().hex  # the row needs an id; the message stays exactly as given
+    version = message.get("_version")
+    return {
+        "project": check_name("project", project),
+        "spider": check_name("spider name", message.get("name")),
+        "job": check_name("job id", str(job)),
+        "version": None if version is None else check_name("version", version),
+        "priority": priority,
+        "message": encode_message(message),
+    }
+
+
+@contextlib.contextmanager
+def _duplicates_refused(project: str, jobs: list[str]):
+    """The live-job unique index's refusal as DuplicateJobError, naming the job (and its place in a batch)."""
+    try:
+        yield
+    except IntegrityError as e:
+        if not (getattr(e.orig, "diag", None) and e.orig.diag.constraint_name == "spider_job_live_job_key"):
+            raise
+        detail = e.orig.diag.message_detail or ""  # Key (project, job)=(p, j) already exists.
+        index = next((i for i, job in enumerate(jobs) if detail.endswith(f", {job}) already exists.")), 0)
+        where = f"job {index}: " if len(jobs) > 1 else ""
+        raise DuplicateJobError(
+            f"{where}job id '{jobs[index]}' is already pending or running in project '{project}'"
+        ) from None
 
 
 @functools.cache
