@@ -98,8 +98,8 @@ def schedule(node, job, spider="sleeper", **args):
     return answer
 
 
-def timed(node, method, endpoint, **params):
-    """(seconds, answer) of one request; an HTTP error or no answer within 30 s fails the test."""
+def timed(node, method, endpoint, timeout: float = 30, **params):
+    """(seconds, answer) of one request; an HTTP error or no answer within ``timeout`` seconds fails the test."""
     started = time.monotonic()
-    answer = getattr(node, method)(endpoint, timeout=30, **params)
+    answer = getattr(node, method)(endpoint, timeout=timeout, **params)
     return time.monotonic() - started, answer

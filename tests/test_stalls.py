@@ -146,8 +146,8 @@ def test_a_stall_longer_than_the_lease_runs_nothing_twice_and_a_schedule_during_
 
     with server.paused():
         stalled_at = time.monotonic()
-        seconds, answer = timed(cluster.nodes[0], "post", "schedule.json", project="example", spider="sleeper",
-                                jobid="during-stall")
+        seconds, answer = timed(cluster.nodes[0], "post", "schedule.json", timeout=DATABASE_TIMEOUT + 10,
+                                project="example", spider="sleeper", jobid="during-stall")
         time.sleep(max(0.0, OUTAGE - (time.monotonic() - stalled_at)))
     print(f"stall of {OUTAGE:g}s, lease {LEASE:g}s: schedule.json during it answered in {seconds:.1f}s: {answer}")
 
@@ -169,6 +169,33 @@ def test_a_stall_longer_than_the_lease_runs_nothing_twice_and_a_schedule_during_
     assert sorted(run["job"] for run in runs(tmp_path)) == sorted(names)  # each crawl ran exactly once
 
 
+def test_with_stop_a_stall_longer_than_the_lease_stops_the_crawls_and_runs_them_again_never_two_at_once(
+    stoppable_database, start_cluster, tmp_path, watch
+):
+    url, admin_url, server = stoppable_database
+    cluster = start_cluster(url, 3, on_lease_lost="stop", **FAST)
+    names = [f"job{i}" for i in range(3)]
+    for i, job in enumerate(names):  # would end after the stall: stopped during it
+        schedule(cluster.nodes[i], job, seconds=f"{LEASE + OUTAGE:g}")
+    wait_for(lambda: {run["job"] for run in runs(tmp_path)} == set(names), 60, "every crawl to start")
+    time.sleep(LEASE)
+    with server.paused():
+        time.sleep(OUTAGE)
+    wait_for(lambda: {state[0] for state in jobs(admin_url, *names).values()} == {"terminated"},
+             2 * LEASE + OUTAGE + 60, "every job to run again and finish")
+
+    table = jobs(admin_url, *names)
+    overlaps = {job: watch.overlaps(runs_of(tmp_path, job)) for job in names}
+    stopped = sum(log_count(node, "sending SIGTERM") for node in cluster.nodes)
+    print(f"stop, stall of {OUTAGE:g}s, lease {LEASE:g}s: runs {[len(runs_of(tmp_path, job)) for job in names]}; "
+          f"crawls stopped {stopped}; overlaps (s) {overlaps}")
+    assert stopped == 3
+    assert overlaps == {job: [] for job in names}  # never two copies at once
+    assert {job: [len(runs_of(tmp_path, job)), *state[:2], state[3]] for job, state in table.items()} == {
+        job: [2, "terminated", "finished", 2] for job in names  # stopped once, run again to the end, nothing lost
+    }
+
+
 @pytest.mark.parametrize("on_lease_lost", ["stop", "keep"])
 def test_a_node_cut_off_longer_than_the_lease(database, start_cluster, tmp_path, watch, on_lease_lost):
     url, admin_url = database
@@ -185,7 +212,8 @@ def test_a_node_cut_off_longer_than_the_lease(database, start_cluster, tmp_path,
 
     forwarder.cut()
     cut_at = time.monotonic()
-    seconds, answer = timed(cut, "post", "schedule.json", project="example", spider="sleeper", jobid="during-cut")
+    seconds, answer = timed(cut, "post", "schedule.json", timeout=DATABASE_TIMEOUT + 10, project="example",
+                             spider="sleeper", jobid="during-cut")
     wait_for(lambda: all(len(runs_of(tmp_path, job)) == 2 for job in names), 2 * LEASE + 20,
              "both jobs to run on another node")
     taken_over_after = time.monotonic() - cut_at

@@ -61,7 +61,7 @@ JOB_ROW = "SELECT pid, start_time, status, outcome, node FROM spider_job WHERE p
 LIVE_JOBS = "SELECT count(*) FROM spider_job WHERE status IN ('pending', 'ongoing')"
 LISTENERS = """
     SELECT count(*) FROM pg_stat_activity
-    WHERE datname = current_database() AND application_name = 'scrapyd-pgqueue-listener'
+    WHERE datname = current_database() AND application_name LIKE 'scrapyd-pgqueue-listener %%'
 """
 
 
