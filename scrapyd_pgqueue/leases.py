@@ -1,0 +1,153 @@
+"""A node's lease on the jobs it runs: renewed by a thread of its own, and what happens when it cannot be.
+
+``LeaseKeeper`` heartbeats and recovers other nodes' expired leases (only after a whole lease of prompt heartbeats
+of its own: a stall is not a death); ``LeaseWatch`` (``on_lease_lost = stop``) stops this node's crawls before its
+lease can expire. Used by ``PostgresLauncher``; threads, not the reactor, which may be blocked for as long as a web
+request waits for the database.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from twisted.internet import reactor
+from twisted.logger import Logger
+
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.db import ThrottledLog
+
+log = Logger()
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews this process's lease every ``heartbeat_interval`` and recovers other processes' expired leases.
+
+    A thread of its own, not the reactor: schedule.json runs ``scrapy list`` on the reactor and the web services
+    wait for the database on it, so it can be busy for seconds while the node's crawls run on, and that must not
+    cost the node its jobs. A stopping node keeps its lease until it has handed its jobs back, and recovers
+    nobody's.
+
+    A stall is not a death. A heartbeat is *prompt* when it completes within one heartbeat interval (it is given
+    no longer); one that fails, or is slow, means the database (or the path to it) stalled, and then every other
+    node's heartbeat was held up just the same. So this node recovers other nodes' jobs only once its own
+    heartbeats have been prompt without a break for a whole lease: any node that is alive has beaten again within
+    that lease (the interval is much shorter), and only nodes that are really gone lose their jobs, whether the
+    database was down, stalled for longer than the lease, or this node itself was cut off.
+
+    ``on_lease_lost = stop``: measured on this node's monotonic clock from the *start* of its last successful
+    heartbeat (the database stamped the lease after that), a node that has not renewed its lease for
+    ``stop_deadline`` seconds sends its crawls SIGTERM, and SIGKILL ``stop_timeout`` later, which is
+    ``lease_margin`` (two heartbeat intervals) before any other node may take the jobs over.
+    """
+
+    def __init__(self, launcher):
+        super().__init__(name="pgqueue-lease", daemon=True)
+        self.launcher = launcher
+        self.settings = launcher.settings
+        self.stopping = threading.Event()
+        self.healthy_since: float | None = None  # monotonic start of the unbroken run of prompt heartbeats
+        self.renewed_at = time.monotonic()  # start of the last successful heartbeat (registration counts)
+        self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
+        self.told: set[int] = set()  # jobs already reported taken over
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        interval = self.settings.heartbeat_interval
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                with db.deadline(interval):
+                    self.beat(started)
+            except Exception as e:  # noqa: BLE001 - the database is away or stalled: try again next beat
+                self.healthy_since = None
+                self.trouble.report(f"Heartbeat failed: {e}", key="heartbeat")
+            self.stopping.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    def beat(self, started: float) -> None:
+        launcher, settings = self.launcher, self.settings
+        if not launcher.store.heartbeat(pgconfig.WORKER_ID):
+            launcher.store.register_node(
+                worker=pgconfig.WORKER_ID, name=settings.node_name, url=launcher.url, max_proc=launcher.max_proc
+            )
+        now = time.monotonic()
+        self.renewed_at = started
+        if now - started > settings.heartbeat_interval:  # not prompt: the database stalled
+            self.healthy_since = None
+            return
+        if self.healthy_since is None:
+            self.healthy_since = started
+            self.trouble.clear("heartbeat")
+            self.report_jobs_taken_over()
+        if launcher.stopping or now - self.healthy_since < settings.lease_seconds:
+            return
+        recovered = launcher.store.recover_expired_leases(
+            worker=pgconfig.WORKER_ID, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts
+        )
+        if recovered:
+            reactor.callFromThread(launcher._log_released, recovered, "was recovered from a node whose lease expired")
+
+
+
+    def report_jobs_taken_over(self) -> None:
+        """After a break: say, once per job, which of this node's crawls another node took over meanwhile."""
+        launcher = self.launcher
+        crawls = [*launcher.processes.copy().values(), *list(launcher.unrecorded)]
+        claims = [crawl.claimed for crawl in crawls if crawl.claimed is not None and crawl.claimed.id not in self.told]
+        for job in launcher.store.claims_taken_over(claims, worker=pgconfig.WORKER_ID):
+            self.told.add(job.id)
+            where = {
+                "ongoing": f"{job.node} runs it now",
+                "pending": "it waits to run again",
+            }.get(job.status, f"it ended as {job.outcome} on {job.node}")
+            log.warn("Job {job} of project {project} ran on {node} after its lease expired; {where}",
+                     job=job.job, project=job.project, node=self.settings.node_name, where=where)
+
+
+class LeaseWatch(threading.Thread):
+    """``on_lease_lost = stop``: stops this node's crawls before its lease can expire (see LeaseKeeper).
+
+    A thread of its own that signals the crawl processes directly: the reactor may be blocked for as long as a web
+    request waits for a database that does not answer, and the heartbeat thread for one heartbeat.
+    """
+
+    CHECK_EVERY = 0.25
+
+    def __init__(self, launcher, keeper: LeaseKeeper):
+        super().__init__(name="pgqueue-lease-watch", daemon=True)
+        self.launcher = launcher
+        self.keeper = keeper
+        self.settings = launcher.settings
+        self.stopping = keeper.stopping
+
+    def run(self) -> None:
+        term_at, kill_at = self.settings.stop_deadline, self.settings.stop_deadline + self.settings.stop_timeout
+        signalled = None
+        while not self.stopping.wait(self.CHECK_EVERY):
+            silent = time.monotonic() - self.keeper.renewed_at
+            if silent < term_at:
+                signalled = None
+            elif signalled is None:
+                signalled = "TERM"
+                self.signal_crawls(signal.SIGTERM, silent)
+            elif signalled == "TERM" and silent >= kill_at:
+                signalled = "KILL"
+                self.signal_crawls(signal.SIGKILL, silent)
+
+    def signal_crawls(self, signum: int, silent: float) -> None:
+        for process in list(self.launcher.processes.copy().values()):
+            process.lease_lost = True  # before the signal: its end is then not recorded, its job handed back
+            if process.pid is None:
+                continue
+            log.warn("Lease not renewed for {silent:.0f}s (on_lease_lost = stop): sending {signal} to the crawl of "
+                     "job {job} of project {project}; it goes back to the queue once the database answers",
+                     silent=silent, signal=signal.Signals(signum).name, job=process.job, project=process.project)
+            try:
+                os.kill(process.pid, signum)
+            except ProcessLookupError:
+                pass
