@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,27 +30,44 @@ SERVER_SETTINGS = {
 
 
 def free_port() -> int:
-    """A free loopback port outside the kernel's ephemeral range: a port found by binding port 0 comes from that
-    range, and one of a hundred local nodes' outgoing connections can take it before the node listens."""
-    low, high = _ephemeral_ports()
-    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
+    """A free loopback port outside the kernel's ephemeral range, never the same one twice in this process.
+
+    A port found by binding port 0 comes from the ephemeral range, and one of a hundred local nodes' outgoing
+    connections can take it before the node listens; and a hundred random picks among ~25,000 ports would give
+    two nodes the same port about one time in six.
+    """
+    ranges = _listening_ports()
     for _ in range(100):
-        port = random.choice(candidates)
-        with contextlib.closing(socket.socket()) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
+        [chosen] = random.choices(ranges, weights=[len(ports) for ports in ranges])
+        port = random.choice(chosen)
+        with _handed_out_lock:
+            if port in _handed_out:
                 continue
+            with contextlib.closing(socket.socket()) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
             return port
     raise RuntimeError("no free loopback port outside the ephemeral range after 100 tries")
 
 
-def _ephemeral_ports() -> tuple[int, int]:
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def _listening_ports() -> list[range]:
+    """Ports from 10000 up outside /proc's ephemeral range; 20000-29999 where there is no /proc (below Linux's
+    usual 32768 and the 49152 of other systems)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+        return [range(20000, 30000)]
+    ranges = [ports for ports in (range(10000, low), range(max(high + 1, 10000), 65536)) if ports]
+    if not ranges:
+        raise RuntimeError(f"the ephemeral port range {low}-{high} leaves no port from 10000 up to listen on")
+    return ranges
 
 
 def docker_engine_answers(timeout: float = 2.0) -> bool:
@@ -179,7 +197,7 @@ class ContainerPostgres:
 
 
 def pgbouncer_binary() -> str:
-    found = shutil.which("pgbouncer") or next((p for p in ["/usr/sbin/pgbouncer"] if os.path.exists(p)), None)
+    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")  # not on a user's PATH
     if found is None:
         raise RuntimeError("no pgbouncer: install it (Debian: apt-get install pgbouncer)")
     return found
@@ -188,22 +206,28 @@ def pgbouncer_binary() -> str:
 class LocalPgBouncer:
     """Debian's PgBouncer in transaction pooling mode in front of ``server_url``, on a free loopback port.
 
-    Every database of that server is reachable through it under the same name (a wildcard entry), so a client
-    swaps only host and port (``url_for``). Postgres sees at most ``pool_size`` connections per database and
-    user from it. Like production PgBouncer it refuses the ``options`` startup parameter.
+    Every database of that server, even one created later, is reachable through it under the same name (a
+    wildcard entry), so a client swaps only host and port (``url``, ``url_for``). Postgres sees at most
+    ``pool_size`` connections per database from it. Like production PgBouncer it refuses the ``options``
+    startup parameter.
     """
 
-    def __init__(self, server_url: str, *, pool_size: int = 20, max_client_conn: int = 2000):
+    def __init__(self, server_url: str, *, pool_size: int = 20, max_client_conn: int = 2000, port: int | None = None):
         from sqlalchemy import make_url
 
+        self.binary = pgbouncer_binary()
         self.server = make_url(server_url)
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = self.url_for(server_url)
         self.base = Path(tempfile.mkdtemp(prefix="scrapyd-pgqueue-pgbouncer-"))
         self.config = self.base / "pgbouncer.ini"
         self.logfile = self.base / "pgbouncer.log"
+        self.pidfile = self.base / "pgbouncer.pid"
+        self.outfile = self.base / "stderr.log"  # what it says before its logfile is open (a bad config)
         self.process: subprocess.Popen | None = None
-        self.users = {"postgres", self.server.username or "postgres"}
+        self._as_postgres = os.geteuid() == 0  # PgBouncer refuses to run as root
+        # PgBouncer logs in to the server with the password its auth_file gives the user.
+        self.passwords = {"postgres": "", self.server.username or "postgres": self.server.password or ""}
         self._write_users()
         self.config.write_text(f"""[databases]
 * = host={self.server.host or '127.0.0.1'} port={self.server.port or 5432}
@@ -223,21 +247,26 @@ max_client_conn = {max_client_conn}
 ignore_startup_parameters = extra_float_digits
 server_reset_query =
 logfile = {self.logfile}
+pidfile = {self.pidfile}
 """)
-        if os.geteuid() == 0:  # PgBouncer refuses to run as root
-            for path in self.base.iterdir():
+        if self._as_postgres:
+            for path in [self.base, *self.base.iterdir()]:
                 shutil.chown(path, "postgres", "postgres")
-            shutil.chown(self.base, "postgres", "postgres")
 
     def _write_users(self) -> None:
-        # auth_type = trust still wants each user listed (the server behind trusts them all).
-        (self.base / "users.txt").write_text("".join(f'"{user}" ""\n' for user in sorted(self.users)))
+        # auth_type = trust still wants each user listed.
+        def quoted(text: str) -> str:
+            return '"' + text.replace('"', '""') + '"'
+
+        (self.base / "users.txt").write_text(
+            "".join(f"{quoted(user)} {quoted(password)}\n" for user, password in sorted(self.passwords.items()))
+        )
 
     def allow(self, user: str) -> None:
-        """Let ``user`` in too (a role created after start)."""
-        self.users.add(user)
+        """Let ``user`` in too (a role created after start, which the server trusts)."""
+        self.passwords.setdefault(user, "")
         self._write_users()
-        if self.process is not None and self.process.poll() is None:
+        if self.running():
             self.show("RELOAD")
 
     def url_for(self, url: str) -> str:
@@ -246,30 +275,48 @@ logfile = {self.logfile}
 
         return make_url(url).set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
 
-    def start(self) -> None:
-        command = [pgbouncer_binary(), str(self.config)]
-        if os.geteuid() == 0:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start it in the foreground (so ``process`` is PgBouncer itself) and wait until it accepts connections."""
+        if self.running():
+            raise RuntimeError(f"pgbouncer on port {self.port} is already running (pid {self.process.pid})")
+        # As postgres without runuser: runuser's PAM session would also cut the open files limit to 1,024.
+        user = {"user": "postgres", "group": "postgres", "extra_groups": []} if self._as_postgres else {}
+        with open(self.outfile, "ab") as out:
+            self.process = subprocess.Popen([self.binary, str(self.config)], stdout=out, stderr=out, **user)
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
-                    raise RuntimeError(f"pgbouncer did not start on port {self.port}:\n{log[-2000:]}") from None
+                    self.stop()
+                    raise RuntimeError(f"pgbouncer did not start on port {self.port}:\n{self.log_tail()}") from None
                 time.sleep(0.05)
 
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.outfile.exists():
+            return ""
+        return "\n".join(self.outfile.read_text(errors="replace").splitlines()[-lines:])
+
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()  # runuser passes SIGTERM on
+        """Stop at once: SIGTERM is PgBouncer's immediate shutdown (before 1.23; later ones wait for clients to
+        leave, hence the SIGKILL after a few seconds)."""
+        if self.running():
+            self.process.terminate()
             try:
-                self.process.wait(10)
+                self.process.wait(5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+        self.pidfile.unlink(missing_ok=True)  # left by a SIGKILL; its pid may belong to another process later
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
     def remove(self) -> None:
         self.stop()
@@ -279,7 +326,9 @@ logfile = {self.logfile}
         """A ``SHOW ...`` of PgBouncer's admin console (SHOW POOLS, SHOW CLIENTS, SHOW SERVERS), as dicts."""
         import psycopg2
 
-        connection = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="pgbouncer")
+        connection = psycopg2.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname="pgbouncer", connect_timeout=10
+        )
         connection.autocommit = True
         try:
             with connection.cursor() as cursor:

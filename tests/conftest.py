@@ -58,10 +58,15 @@ def database_url(postgres_server):
 
 @pytest.fixture(scope="session")
 def pgbouncer(postgres_server):
-    """Debian's PgBouncer in transaction pooling mode in front of the suite's server, for the whole run."""
-    bouncer = devdb.LocalPgBouncer(postgres_server[0])
-    bouncer.start()
+    """Debian's PgBouncer in transaction pooling mode in front of the suite's server (the one
+    ``SCRAPYD_PGQUEUE_TEST_URL`` names, or the throwaway one), for the whole run. Never skipped: a missing
+    ``pgbouncer`` fails the tests that need it."""
     try:
+        bouncer = devdb.LocalPgBouncer(postgres_server[0])
+    except RuntimeError as error:  # no pgbouncer installed: say how to install it
+        pytest.fail(str(error), pytrace=False)
+    try:
+        bouncer.start()
         yield bouncer
     finally:
         bouncer.remove()
