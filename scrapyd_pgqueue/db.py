@@ -48,6 +48,7 @@ VERSION_TABLE = "scrapyd_pgqueue_version"
 # Timeouts for the server, sent with every statement in the same query string: one round trip, no session state
 # (so PgBouncer's transaction pooling keeps them), and an autocommit statement stays one implicit transaction.
 STATEMENT_PREFIX = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; SET LOCAL lock_timeout = {STATEMENT_TIMEOUT_MS}; "
+TRANSACTION_CONTROL = {"BEGIN", "COMMIT", "ROLLBACK"}  # sent as they are (see transaction())
 # What a server (or PgBouncer) says when it has no connection to spare, or cannot serve one yet: worth waiting for.
 BUSY_SERVER_MESSAGES = (
     "too many clients",
@@ -176,8 +177,24 @@ def too_late(engine: Engine, what: str) -> DatabaseError:
 
 
 def autocommit(engine: Engine):
-    """A connection for one statement: no BEGIN and COMMIT around it (it is atomic alone), one round trip."""
-    return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    """A connection for one statement: no BEGIN and COMMIT around it (it is atomic alone), one round trip. The
+    pool's connections are in autocommit for good: switching a psycopg2 connection to it and back costs round
+    trips of its own."""
+    return engine.connect()
+
+
+@contextlib.contextmanager
+def transaction(engine: Engine):
+    """A connection for several statements, all or none: an explicit BEGIN ... COMMIT (ROLLBACK on error)."""
+    with engine.connect() as connection:
+        connection.exec_driver_sql("BEGIN")
+        try:
+            yield connection
+        except BaseException:
+            with contextlib.suppress(DBAPIError):  # a broken connection has rolled back already
+                connection.exec_driver_sql("ROLLBACK")
+            raise
+        connection.exec_driver_sql("COMMIT")
 
 
 # --- engines -------------------------------------------------------------------------------------------------
@@ -229,6 +246,7 @@ def _create_engine(url: str, pool_size: int, timeout: float, application_name: s
         normalise_url(url),
         pool_size=pool_size,
         max_overflow=0,  # the budget is fixed: busy means wait (pool_timeout), never one more connection
+        isolation_level="AUTOCOMMIT",  # see autocommit() and transaction()
         pool_timeout=timeout,
         connect_args={"application_name": application_name, **TCP_SETTINGS},
     )
@@ -242,6 +260,8 @@ def _create_engine(url: str, pool_size: int, timeout: float, application_name: s
 def _send_timeouts_with_every_statement(engine: Engine) -> None:
     @event.listens_for(engine, "before_cursor_execute", retval=True)
     def with_timeouts(connection, cursor, statement, parameters, context, executemany):
+        if statement in TRANSACTION_CONTROL:
+            return statement, parameters
         return STATEMENT_PREFIX + statement, parameters
 
 
@@ -380,7 +400,7 @@ def migrate(engine: Engine) -> None:
         return
     # One transaction holding a transaction-level lock (PgBouncer keeps it, unlike a session lock): the other
     # nodes wait for it, then find the schema current and do nothing.
-    with engine.begin() as connection:
+    with transaction(engine) as connection:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         try:

@@ -155,7 +155,7 @@ class OperatorQueries:
         """Put the newest finished run of ``job`` back to pending; return its row id."""
         params = {"project": project, "job": job, "now": now(), "channel": NOTIFY_CHANNEL}
         try:
-            with self.engine.begin() as connection:
+            with db.transaction(self.engine) as connection:
                 row = connection.execute(REQUEUE, params).first()
                 if row is None and connection.execute(JOB_STATUS, params).scalar() in ("pending", "ongoing"):
                     raise DuplicateJobError(f"job id '{job}' is already pending or running in project '{project}'")

@@ -62,7 +62,7 @@ class EggStore:
 
     @database_errors
     def put_egg(self, project: str, version: str, egg: bytes) -> None:
-        with self.engine.begin() as connection:
+        with db.transaction(self.engine) as connection:
             connection.execute(DELETE_EGG_VERSION, {"project": project, "version": version})
             connection.execute(INSERT_EGG, {"project": project, "version": version, "egg": egg})
             connection.execute(NOTIFY_EGGS_CHANGED, {"channel": PROJECTS_CHANNEL, "project": project})
@@ -97,7 +97,7 @@ class EggStore:
     @database_errors
     def delete_eggs(self, project: str, version: str | None = None) -> int:
         """Delete one version (or every version) of ``project``; return how many eggs were deleted."""
-        with self.engine.begin() as connection:
+        with db.transaction(self.engine) as connection:
             deleted = connection.execute(DELETE_EGGS, {"project": project, "version": version}).rowcount
             if deleted:
                 connection.execute(NOTIFY_EGGS_CHANGED, {"channel": PROJECTS_CHANNEL, "project": project})

@@ -341,7 +341,7 @@ class JobStore(NodeLeases):
             params.update(id=claimed.id, attempt=claimed.attempt)
             with db.autocommit(self.engine) as connection:
                 return connection.execute(FINISH_CLAIMED, params).first() is not None
-        with self.engine.begin() as connection:
+        with db.transaction(self.engine) as connection:
             if connection.execute(FINISH_BY_JOB_ID, params).first() is None:
                 connection.execute(INSERT_TERMINATED, params)
             return True
