@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from bench.suites import churn, depth, idle, scale, throughput, wakeup
+from bench.suites import bulk, churn, crawlstart, depth, idle, scale, throughput, wakeup
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,10 @@ SUITES = [
     Suite("throughput", throughput),
     Suite("depth", depth),
     Suite("churn", churn),
-    # --- extension points: planned suites, not implemented yet (see each module's docstring) ---
     Suite("wakeup", wakeup),
     Suite("idle", idle),
+    Suite("crawlstart", crawlstart),
+    Suite("bulk", bulk),
     # Starts its own Postgres and PgBouncer, 100 real Scrapyd nodes twice and up to 1,000 simulated ones: last.
     Suite("scale", scale),
 ]

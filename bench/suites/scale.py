@@ -24,7 +24,7 @@ front of it. Everything is removed at the end, whatever happens.
    clients and server connections (``SHOW POOLS``) and, every few seconds, PgBouncer's clients per node
    (``SHOW CLIENTS`` by application_name): the budget. Then ``jobs`` jobs (``sleeper``, ``seconds=0.2``, unique
    job ids) are POSTed to ``schedule.json`` of random nodes by a pool of threads, each request timed, with at
-   most ``in_flight`` jobs scheduled and not yet terminated (see IN_FLIGHT below: 200 crawls at once would not
+   most ``in_flight`` jobs scheduled and not yet terminated (see ``Sizes.in_flight``: 200 crawls at once would not
    fit in this machine's memory next to 100 nodes). Then it waits until every job is terminated in
    ``spider_job`` and reads: each job's row (``start_time`` = the launcher's spawn time, naive local time, the
    same clock as the bench) and the crawls' ``runs.jsonl`` (``EXAMPLE_RECORD_DIR``: one line per crawl, written
@@ -106,7 +106,12 @@ MODES = {
 SIM_POLL_INTERVAL = 1.0
 SIM_MAX_CONNECTIONS = 50
 HOLD_SECONDS = 0.5  # a simulated crawl holds its slot this long
+SLOW_MS = 1000.0  # a store call at least this long is counted as slow, by kind
 SAMPLE_PERIOD = 0.5  # pg_stat_activity and SHOW POOLS
+# A backend reports its transaction counts at most once a second while busy, and up to 10 s late once idle
+# (Postgres's idle flush): a window that starts right after a burst (nodes starting, `scrapy list` on every node,
+# simulated nodes connecting) would count part of it. Every window starts this long after the last burst.
+STATS_QUIET_SECONDS = 11.0
 CLIENTS_PERIOD = 3.0  # SHOW CLIENTS (one row per client: 2,000 at 1,000 simulated nodes)
 RANDOM_SEED = 20261123
 POLL_ONLY_LINE = "this node runs poll-only"
@@ -140,7 +145,9 @@ class Sizes:
     jobs: int
     # Jobs scheduled and not yet terminated, at most. 100 nodes x max_proc 2 = 200 slots; a crawl process is ~90 MB
     # and a node ~100 MB, so 200 crawls at once next to 100 nodes would need ~28 GB of this 24 GB machine. The cap
-    # is below the slots, so a job always finds a free slot: latency is wake-up + claim + spawn, not queueing.
+    # is below the slots, so a job always finds a free slot: latency is wake-up + claim + spawn, not queueing. Every
+    # crawl costs ~1.1 s of CPU (Scrapy's start-up): on 2 cores, 16 in flight already queue for the CPU (32 did: ~9 s
+    # from response to spider), and fewer would not finish sooner (the phase is CPU-bound either way).
     in_flight: int
     idle_seconds: float
     schedule_threads: int
@@ -159,11 +166,12 @@ class Sizes:
 SIZES = {
     "quick": Sizes(real_nodes=5, jobs=30, in_flight=6, idle_seconds=8.0, schedule_threads=8, warmup_threads=5,
                    start_timeout=120.0, jobs_timeout=180.0, wait_for_lease=False,
-                   sim_steps=(10, 50), sim_processes=2, sim_threads=8, sim_settle_seconds=3.0,
+                   sim_steps=(10, 50), sim_processes=2, sim_threads=8, sim_settle_seconds=STATS_QUIET_SECONDS,
                    sim_window_seconds=8.0, sim_jobs_per_second=5.0),
-    "full": Sizes(real_nodes=100, jobs=300, in_flight=32, idle_seconds=30.0, schedule_threads=16, warmup_threads=8,
+    "full": Sizes(real_nodes=100, jobs=300, in_flight=16, idle_seconds=30.0, schedule_threads=16, warmup_threads=8,
                   start_timeout=300.0, jobs_timeout=900.0, wait_for_lease=True,
-                  sim_steps=(10, 100, 300, 1000), sim_processes=8, sim_threads=16, sim_settle_seconds=10.0,
+                  sim_steps=(10, 100, 300, 1000), sim_processes=8, sim_threads=16,
+                  sim_settle_seconds=STATS_QUIET_SECONDS,
                   sim_window_seconds=30.0, sim_jobs_per_second=20.0),
 }
 
@@ -171,18 +179,28 @@ SIZES = {
 def run(ctx: Context) -> dict:
     sizes = SIZES[ctx.profile.name]
     series = {}
+    # Each part on its own: one that fails is recorded (its traceback in "failed") and the others still run.
     for name, (direct, poll_interval, max_connections) in MODES.items():
-        series[name] = _real_mode(ctx, sizes, name, direct, poll_interval, max_connections)
-    series["simulated"] = _simulate(ctx, sizes)
+        try:
+            series[name] = _real_mode(ctx, sizes, name, direct, poll_interval, max_connections)
+        except Exception:  # noqa: BLE001 - recorded and shown; the servers and nodes were removed
+            ctx.log(f"scale: {name} failed:\n{traceback.format_exc()}")
+            series[name] = {"mode": name, "nodes": sizes.real_nodes, "failed": traceback.format_exc()[-4000:]}
+    try:
+        series["simulated"] = _simulate(ctx, sizes)
+    except Exception:  # noqa: BLE001 - as above
+        ctx.log(f"scale: simulated failed:\n{traceback.format_exc()}")
+        series["simulated"] = {"points": [], "failed": traceback.format_exc()[-4000:]}
     targets = [
-        report.target(f"connection errors in node logs, {name}", series[name]["errors"]["connection_errors"], "<=",
-                      0, f"{series[name]['nodes']} real nodes") for name in MODES
+        report.target(f"connection errors in node logs, {name}", _get(series[name], "errors", "connection_errors"),
+                      "<=", 0, f"{series[name]['nodes']} real nodes") for name in MODES
     ] + [
-        report.target(f"jobs not run exactly once, {name}", series[name]["jobs"]["not_exactly_once"], "<=", 0,
-                      f"of {series[name]['jobs']['count']}") for name in MODES
+        report.target(f"jobs not run exactly once, {name}", _get(series[name], "jobs", "not_exactly_once"), "<=", 0,
+                      f"of {_get(series[name], 'jobs', 'count')}") for name in MODES
     ] + [
-        report.target(f"simulated node errors, {point['nodes']:,} nodes", point["errors"], "<=", 0,
-                      "DatabaseError and others") for point in series["simulated"]["points"]
+        report.target(f"simulated node errors, {point['nodes']:,} nodes", point["errors"] + point["errors_adding"],
+                      "<=", 0, "in the window + while adding the step's nodes")
+        for point in series["simulated"]["points"]
     ]
     return {
         "parameters": {
@@ -241,21 +259,27 @@ class Servers:
         return self
 
     def _raise_fd_limit(self) -> dict:
-        """PgBouncer started by hand keeps the soft limit of 1,024 open files (runuser resets it; PgBouncer only
-        logs "kernel file descriptor limit: 1024 ... max expected fd use: ..."), which 1,000 clients exceed. A
-        service manager sets it (LimitNOFILE); here prlimit does, on the running process."""
+        """A guard: PgBouncer needs about max_client_conn open files, and only logs "kernel file descriptor limit:
+        1024 ... max expected fd use: ..." when it has fewer (2,000 clients then fail to connect). devdb starts it
+        with this process's limit (20,000 here); started through runuser it got 1,024. A service manager sets it
+        with LimitNOFILE. Raised here (soft limit up to the hard one, as PgBouncer's user) only if too low."""
         pid = self.bouncer_pid()
         needed = self.max_client_conn + 2 * PGBOUNCER_POOL + 64
         before = _open_files_limit(pid)
         if before is not None and before[0] < needed:
-            subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={needed}:{max(needed, before[1])}"],
-                           check=True, capture_output=True, timeout=10)
+            soft = min(needed, before[1])
+            command = ["prlimit", f"--pid={pid}", f"--nofile={soft}:{before[1]}"]
+            if os.geteuid() == 0:
+                command = ["runuser", "-u", "postgres", "--", *command]
+            completed = subprocess.run(command, capture_output=True, text=True, timeout=10)
+            if completed.returncode != 0:
+                self.log(f"scale: could not raise PgBouncer's open files limit: {completed.stderr.strip()}")
         return {"before": before, "after": _open_files_limit(pid), "needed": needed}
 
     def bouncer_pid(self) -> int | None:
         if self.bouncer is None or self.bouncer.process is None:
             return None
-        children = _children().get(self.bouncer.process.pid, [])
+        children = _children().get(self.bouncer.process.pid, [])  # started through runuser: its child
         return children[0] if children else self.bouncer.process.pid
 
     def postmaster_pid(self) -> int | None:
@@ -278,6 +302,15 @@ def _connect(url: str):
     parsed = make_url(url)
     connection = psycopg2.connect(host=parsed.host, port=parsed.port, user=parsed.username,
                                   dbname=parsed.database, application_name="scrapyd-pgqueue-bench")
+    connection.autocommit = True
+    return connection
+
+
+def _connect_bouncer(servers: Servers):
+    """PgBouncer's admin console (SHOW ...)."""
+    import psycopg2
+
+    connection = psycopg2.connect(host="127.0.0.1", port=servers.bouncer.port, user="postgres", dbname="pgbouncer")
     connection.autocommit = True
     return connection
 
@@ -361,16 +394,38 @@ def cpu_cores(before: dict, after: dict, seconds: float) -> dict[str, float]:
 # --- sampling connections ----------------------------------------------------------------------------------------
 
 BACKENDS = f"""
-    SELECT count(*) AS backends,
-           count(*) FILTER (WHERE application_name LIKE 'scrapyd-pgqueue-listener %%') AS listeners,
-           coalesce(max(per_name) FILTER (WHERE application_name LIKE 'scrapyd-pgqueue-listener %%'), 0)
-               AS listeners_per_node
-    FROM (
-        SELECT application_name, count(*) OVER (PARTITION BY application_name) AS per_name
-        FROM pg_stat_activity
-        WHERE datname = '{DATABASE}' AND backend_type = 'client backend'
-    ) AS backends
+    SELECT pid, application_name FROM pg_stat_activity
+    WHERE datname = '{DATABASE}' AND backend_type = 'client backend'
 """
+LISTENER_PREFIX = "scrapyd-pgqueue-listener "
+
+
+def _backends(server_cursor, bouncer_cursor) -> dict:
+    """The server's backends of the nodes' database: PgBouncer's (their pids are SHOW SERVERS' remote_pid, read
+    before and after, so that one opened meanwhile is PgBouncer's too) and the direct ones, among them the nodes'
+    listeners. A PgBouncer server connection carries the application_name of the last client it served (PgBouncer
+    sets it), a listener's name too after a poll-only node's probe: only a direct backend is a listener."""
+
+    def bouncer_pids() -> set[int]:
+        bouncer_cursor.execute("SHOW SERVERS")
+        names = [column.name for column in bouncer_cursor.description]
+        return {row["remote_pid"] for row in map(lambda values: dict(zip(names, values)), bouncer_cursor.fetchall())}
+
+    before = bouncer_pids()
+    server_cursor.execute(BACKENDS)
+    backends = server_cursor.fetchall()
+    pooled = before | bouncer_pids()
+    direct = [name or "" for pid, name in backends if pid not in pooled]
+    listeners = collections.Counter(name for name in direct if name.startswith(LISTENER_PREFIX))
+    return {
+        "backends": len(backends),
+        "pgbouncer_backends": len(backends) - len(direct),
+        "direct_backends": len(direct),
+        "listeners": sum(listeners.values()),
+        "listeners_per_node": max(listeners.values(), default=0),
+    }
+
+
 TRANSACTIONS = f"SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '{DATABASE}'"
 
 
@@ -388,8 +443,6 @@ class Sampler(threading.Thread):
         self.last_error = None
 
     def run(self) -> None:
-        import psycopg2
-
         server = bouncer = None
         last_clients = 0.0
         while not self.stopping.is_set():
@@ -397,13 +450,10 @@ class Sampler(threading.Thread):
                 if server is None:
                     server = _connect(self.servers.admin_url)
                 if bouncer is None:
-                    bouncer = psycopg2.connect(host="127.0.0.1", port=self.servers.bouncer.port, user="postgres",
-                                               dbname="pgbouncer")
-                    bouncer.autocommit = True
+                    bouncer = _connect_bouncer(self.servers)
                 sample = {"time": time.monotonic()}
-                with server.cursor() as cursor:
-                    cursor.execute(BACKENDS)
-                    sample.update(zip(("backends", "listeners", "listeners_per_node"), cursor.fetchone()))
+                with server.cursor() as server_cursor, bouncer.cursor() as bouncer_cursor:
+                    sample.update(_backends(server_cursor, bouncer_cursor))
                 with bouncer.cursor() as cursor:
                     cursor.execute("SHOW POOLS")
                     names = [column.name for column in cursor.description]
@@ -456,6 +506,8 @@ class Sampler(threading.Thread):
         return {
             "samples": len(window),
             "backends_peak": peak("backends"),
+            "pgbouncer_backends_peak": peak("pgbouncer_backends"),
+            "direct_backends_peak": peak("direct_backends"),
             "listeners_peak": peak("listeners"),
             "listeners_per_node_peak": peak("listeners_per_node"),
             "pgbouncer_clients_peak": peak("clients"),
@@ -465,6 +517,34 @@ class Sampler(threading.Thread):
             "pgbouncer_clients_per_node_peak": peak("clients_per_name_max"),
             "pgbouncer_clients_per_node_top": max(top, key=lambda item: item[0][1])[0] if top else None,
         }
+
+
+PGBOUNCER_TOTALS = ("total_xact_count", "total_query_count", "total_xact_time", "total_wait_time")
+
+
+def _bouncer_totals(servers: Servers) -> dict[str, int]:
+    """PgBouncer's running totals for the nodes' database (SHOW STATS: live counters; times in microseconds)."""
+    totals = dict.fromkeys(PGBOUNCER_TOTALS, 0)
+    for row in servers.bouncer.show("SHOW STATS"):
+        if row["database"] == DATABASE:
+            for key in PGBOUNCER_TOTALS:
+                totals[key] += int(row[key])
+    return totals
+
+
+def _bouncer_window(before: dict, after: dict, server_transactions: int, seconds: float) -> dict:
+    """What went through PgBouncer in a window: its clients' transactions (what the nodes sent), the mean time a
+    transaction held a server connection and waited for one, and the server's transactions per client one
+    (above 1: what PgBouncer adds, its ``SET application_name`` when a server connection changes client)."""
+    xacts = after["total_xact_count"] - before["total_xact_count"]
+    return {
+        "client_transactions": xacts,
+        "client_transactions_per_second": xacts / seconds if seconds else math.nan,
+        "queries": after["total_query_count"] - before["total_query_count"],
+        "xact_ms_mean": (after["total_xact_time"] - before["total_xact_time"]) / xacts / 1000 if xacts else math.nan,
+        "wait_ms_mean": (after["total_wait_time"] - before["total_wait_time"]) / xacts / 1000 if xacts else math.nan,
+        "server_per_client_transaction": server_transactions / xacts if xacts else math.nan,
+    }
 
 
 def _transactions(servers: Servers) -> int:
@@ -510,10 +590,12 @@ def _real_mode(ctx: Context, sizes: Sizes, name: str, direct: bool, poll_interva
                 f"(retried: {result['start']['retried']}); listspiders.json on each")
         result["warmup_seconds"] = _warm_up(cluster, sizes.warmup_threads)
         result["settle"] = _settle(ctx, cluster, servers, direct)
-        if sizes.wait_for_lease:  # every node healthy for a lease: it then recovers others' leases every heartbeat
-            left = all_ready + LEASE_SECONDS + HEARTBEAT_INTERVAL - time.monotonic()
-            if left > 0:
-                time.sleep(left)
+        # Every node healthy for a lease (it then recovers others' leases every heartbeat), and the warm-up's
+        # counts reported (STATS_QUIET_SECONDS).
+        ready_at = time.monotonic() + STATS_QUIET_SECONDS
+        if sizes.wait_for_lease:
+            ready_at = max(ready_at, all_ready + LEASE_SECONDS + HEARTBEAT_INTERVAL)
+        time.sleep(max(0.0, ready_at - time.monotonic()))
         ctx.log(f"scale: {name}: idle for {sizes.idle_seconds:g} s")
         result["idle"] = _measure_idle(servers, sampler, cluster, sizes.idle_seconds)
         ctx.log(f"scale: {name}: idle {result['idle']['transactions_per_second']:.0f} transactions/s, peak "
@@ -587,9 +669,9 @@ def _settle(ctx: Context, cluster, servers: Servers, direct: bool, timeout: floa
     deadline = started + timeout
     while True:
         if direct:
-            with contextlib.closing(_connect(servers.admin_url)) as connection, connection.cursor() as cursor:
-                cursor.execute(BACKENDS)
-                done = cursor.fetchone()[1]
+            with contextlib.closing(_connect(servers.admin_url)) as connection, connection.cursor() as cursor, \
+                    contextlib.closing(_connect_bouncer(servers)) as bouncer, bouncer.cursor() as bouncer_cursor:
+                done = _backends(cursor, bouncer_cursor)["listeners"]
         else:
             done = sum(_count_lines(node.logfile, POLL_ONLY_LINE) for node in cluster.nodes)
         if done >= len(cluster.nodes):
@@ -618,12 +700,15 @@ def _cpu_groups_real(servers: Servers, cluster) -> dict[str, list[int]]:
 
 def _measure_idle(servers: Servers, sampler: Sampler, cluster, seconds: float) -> dict:
     groups = _cpu_groups_real(servers, cluster)
+    first_bouncer = _bouncer_totals(servers)
     first_transactions, first_cpu, start = _transactions(servers), cpu_seconds(groups), time.monotonic()
     time.sleep(seconds)
     last_transactions, last_cpu, end = _transactions(servers), cpu_seconds(groups), time.monotonic()
+    last_bouncer = _bouncer_totals(servers)
     window = end - start
     transactions = last_transactions - first_transactions - 1  # the first reading's own transaction
     return {
+        "pgbouncer": _bouncer_window(first_bouncer, last_bouncer, transactions, window),
         "window_seconds": window,
         "transactions": transactions,
         "transactions_per_second": transactions / window,
@@ -674,6 +759,7 @@ def _run_jobs(ctx: Context, cluster, servers: Servers, sampler: Sampler, sizes: 
                 stopping.wait(0.2)
 
     groups = _cpu_groups_real(servers, cluster)
+    first_bouncer = _bouncer_totals(servers)
     first_transactions, first_cpu, start = _transactions(servers), cpu_seconds(groups), time.monotonic()
     watcher = threading.Thread(target=watch, name="scale-watch", daemon=True)
     watcher.start()
@@ -699,12 +785,15 @@ def _run_jobs(ctx: Context, cluster, servers: Servers, sampler: Sampler, sizes: 
         watcher.join(5)
     end = time.monotonic()
     last_transactions, last_cpu = _transactions(servers), cpu_seconds(groups)
+    last_bouncer = _bouncer_totals(servers)
     rows = _job_rows(servers, jobs)
     runs = _read_runs(record_dir)
     return _job_figures(jobs, requests, rows, runs, sampler.summary(start, end), {
         "seconds": end - start,
         "scheduling_seconds": scheduled - start,
         "transactions_per_second": (last_transactions - first_transactions - 1) / (end - start),
+        "pgbouncer": _bouncer_window(first_bouncer, last_bouncer, last_transactions - first_transactions - 1,
+                                     end - start),
         "cpu_cores": cpu_cores(first_cpu, last_cpu, end - start),
         "in_flight_cap": sizes.in_flight,
         "threads": sizes.schedule_threads,
@@ -874,6 +963,7 @@ def _simulate(ctx: Context, sizes: Sizes) -> dict:
     results = None
     sampler = feeder = None
     points = []
+    failure = None
     try:
         servers.start()
         sampler = Sampler(servers)
@@ -895,25 +985,14 @@ def _simulate(ctx: Context, sizes: Sizes) -> dict:
         feeder.start()
         current = 0
         for step in steps:
-            added_at = time.monotonic()
-            for index, command in enumerate(commands):
-                command.put(("add", [number for number in range(current, step)
-                                     if number % len(processes) == index]))
-            added = _gather(results, processes, "added", 600.0)
+            try:
+                points.append(_sim_step(ctx, sizes, servers, sampler, feeder, processes, commands, results,
+                                        current, step))
+            except Exception as e:  # noqa: BLE001 - a step that cannot be measured ends the stepping; kept
+                failure = {"step": step, "error": _last_line(str(e)), "traceback": traceback.format_exc()[-4000:]}
+                ctx.log(f"scale: simulated: the {step}-node step failed, stopping here:\n{failure['traceback']}")
+                break
             current = step
-            add_seconds = time.monotonic() - added_at
-            ctx.log(f"scale: simulated: {step} nodes ({add_seconds:.1f} s to add); settling "
-                    f"{sizes.sim_settle_seconds:g} s, measuring {sizes.sim_window_seconds:g} s")
-            time.sleep(sizes.sim_settle_seconds)
-            point = _sim_window(servers, sampler, feeder, processes, commands, results, sizes)
-            point.update(nodes=step, add_seconds=add_seconds,
-                         nodes_added_per_process=[payload for _, payload in sorted(added.items())])
-            points.append(point)
-            ctx.log(f"scale: simulated {step} nodes: {point['transactions_per_second']:.0f} transactions/s, "
-                    f"claim p50 {point['claim_ms']['p50']:.1f} ms p99 {point['claim_ms']['p99']:.1f} ms, "
-                    f"{point['pgbouncer_clients_peak']} PgBouncer clients, {point['backends_peak']} backends, "
-                    f"errors {point['errors']}, CPU sim {point['cpu_cores'].get('simulator', 0):.2f} "
-                    f"postgres {point['cpu_cores'].get('postgres', 0):.2f} cores")
     finally:
         if feeder is not None:
             feeder.stop()
@@ -930,6 +1009,7 @@ def _simulate(ctx: Context, sizes: Sizes) -> dict:
         servers.remove()
     return {
         "points": points,
+        "failure": failure,
         "processes": sizes.sim_processes,
         "threads_per_process": sizes.sim_threads,
         "jobs_per_second": sizes.sim_jobs_per_second,
@@ -939,6 +1019,28 @@ def _simulate(ctx: Context, sizes: Sizes) -> dict:
         "max_client_conn": servers.max_client_conn,
         "sampler_failures": sampler.failures if sampler is not None else None,
     }
+
+
+def _sim_step(ctx, sizes, servers, sampler, feeder, processes, commands, results, current: int, step: int) -> dict:
+    """Add nodes ``current`` to ``step`` (spread over the processes), let them settle, measure one window."""
+    added_at = time.monotonic()
+    for index, command in enumerate(commands):
+        command.put(("add", [number for number in range(current, step) if number % len(processes) == index]))
+    added = _gather(results, processes, "added", 600.0)
+    add_seconds = time.monotonic() - added_at
+    ctx.log(f"scale: simulated: {step} nodes ({add_seconds:.1f} s to add); settling {sizes.sim_settle_seconds:g} s, "
+            f"measuring {sizes.sim_window_seconds:g} s")
+    time.sleep(sizes.sim_settle_seconds)
+    point = _sim_window(servers, sampler, feeder, processes, commands, results, sizes)
+    point.update(nodes=step, add_seconds=add_seconds,
+                 nodes_added_per_process=[payload for _, payload in sorted(added.items())])
+    ctx.log(f"scale: simulated {step} nodes: {point['transactions_per_second']:.0f} transactions/s, claim p50 "
+            f"{point['claim_ms']['p50']:.1f} ms p99 {point['claim_ms']['p99']:.1f} ms, "
+            f"{point['pgbouncer_clients_peak']} PgBouncer clients, {point['backends_peak']} backends, errors "
+            f"{point['errors']} (slow calls {point['slow_operations']}), claim ticks run "
+            f"{point['ticks_run_per_due']:.0%}, CPU sim {point['cpu_cores'].get('simulator', 0):.2f} postgres "
+            f"{point['cpu_cores'].get('postgres', 0):.2f} cores")
+    return point
 
 
 def _gather(results, processes, kind: str, timeout: float) -> dict[int, object]:
@@ -969,7 +1071,8 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
               "pgbouncer": [servers.bouncer_pid()]}
     for command in commands:
         command.put(("start", None))
-    _gather(results, processes, "started", 60.0)
+    between = _gather(results, processes, "started", 60.0).values()
+    first_bouncer = _bouncer_totals(servers)
     first_transactions, first_cpu, start = _transactions(servers), cpu_seconds(groups), time.monotonic()
     first_enqueued = feeder.enqueued
     time.sleep(sizes.sim_window_seconds)
@@ -977,6 +1080,7 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
         command.put(("end", None))
     stats = _gather(results, processes, "stats", 120.0)
     last_transactions, last_cpu, end = _transactions(servers), cpu_seconds(groups), time.monotonic()
+    last_bouncer = _bouncer_totals(servers)
     enqueued = feeder.enqueued - first_enqueued
     window = end - start
     with contextlib.closing(_connect(servers.direct_url)) as connection, connection.cursor() as cursor:
@@ -985,8 +1089,17 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
     merged = _merge_stats(stats.values())
     transactions = last_transactions - first_transactions - 1
     operations = sum(merged["operations"].values()) + enqueued
+    nodes = sum(stat["nodes"] for stat in stats.values())
+    due_ticks = sum(stat["due_ticks"] for stat in stats.values())
+    due_beats = sum(stat["due_beats"] for stat in stats.values())
     return {
         "window_seconds": window,
+        "pgbouncer": _bouncer_window(first_bouncer, last_bouncer, transactions, window),
+        # Claim ticks and heartbeats run in the window against those due (nodes x window / interval): below 1, the
+        # simulator (or the machine) could not keep up; late ticks are skipped, as Twisted's LoopingCall does.
+        "ticks_run_per_due": len(merged["tick_late_ms"]) / due_ticks if due_ticks else math.nan,
+        "heartbeats_run_per_due": merged["operations"].get("heartbeat", 0) / due_beats if due_beats else math.nan,
+        "simulated_nodes": nodes,
         "transactions": transactions,
         "transactions_per_second": transactions / window,
         "operations_per_second": operations / window,
@@ -1003,6 +1116,14 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
         "errors": sum(merged["errors"].values()),
         "database_errors": merged["errors"].get("DatabaseError", 0),
         "errors_by_type": merged["errors"],
+        "slow_operations": merged["slow"],
+        # Before the window, while the nodes of this step were added and settled (connects, registrations).
+        "errors_adding": sum(sum(part["errors"].values()) for part in between),
+        "errors_adding_by_type": dict(sum((collections.Counter(part["errors"]) for part in between),
+                                          collections.Counter())),
+        "errors_adding_samples": [sample for part in between for sample in part["error_samples"]][:5],
+        "slow_operations_adding": dict(sum((collections.Counter(part["slow"]) for part in between),
+                                           collections.Counter())),
         "error_samples": merged["error_samples"][:5],
         "cpu_cores": cpu_cores(first_cpu, last_cpu, window),
         **sampler.summary(start, end),
@@ -1012,7 +1133,7 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
 def _merge_stats(parts) -> dict:
     merged = {"operations": collections.Counter(), "claim_ms": [], "heartbeat_ms": [], "tick_late_ms": [],
               "claims_with_jobs": 0, "jobs_claimed": 0, "jobs_finished": 0, "errors": collections.Counter(),
-              "error_samples": []}
+              "error_samples": [], "slow": collections.Counter()}
     for part in parts:
         merged["operations"].update(part["operations"])
         for key in ("claim_ms", "heartbeat_ms", "tick_late_ms", "error_samples"):
@@ -1020,6 +1141,8 @@ def _merge_stats(parts) -> dict:
         for key in ("claims_with_jobs", "jobs_claimed", "jobs_finished"):
             merged[key] += part[key]
         merged["errors"].update(part["errors"])
+        merged["slow"].update(part["slow"])
+    merged["slow"] = dict(merged["slow"])
     merged["operations"] = dict(merged["operations"])
     merged["errors"] = dict(merged["errors"])
     return merged
@@ -1039,10 +1162,14 @@ def simulate(index: int, url: str, parameters: dict, commands, results) -> None:
             if command == "add":
                 results.put(("added", index, simulation.add(payload)))
             elif command == "start":
+                # What happened since the last window (adding nodes: connects, registrations) is kept, not lost.
+                between = simulation.stats.take(len(simulation.nodes), parameters["poll_interval"],
+                                                parameters["heartbeat_interval"])
                 simulation.stats.reset()
-                results.put(("started", index, None))
+                results.put(("started", index, {key: between[key] for key in ("errors", "error_samples", "slow")}))
             elif command == "end":
-                results.put(("stats", index, simulation.stats.take()))
+                results.put(("stats", index, simulation.stats.take(
+                    len(simulation.nodes), parameters["poll_interval"], parameters["heartbeat_interval"])))
             elif command == "stop":
                 break
     except BaseException:  # noqa: BLE001 - reported to the bench, which raises it
@@ -1065,11 +1192,13 @@ class Stats:
 
     def reset(self) -> None:
         with self.lock:
+            self.since = time.monotonic()
             self.operations = collections.Counter()
             self.claim_ms, self.heartbeat_ms, self.tick_late_ms = [], [], []
             self.claims_with_jobs = self.jobs_claimed = self.jobs_finished = 0
             self.errors = collections.Counter()
             self.error_samples = []
+            self.slow = collections.Counter()
 
     def operation(self, kind: str) -> None:
         with self.lock:
@@ -1081,13 +1210,16 @@ class Stats:
             if len(self.error_samples) < 5:
                 self.error_samples.append(f"{kind}: {type(error).__name__}: {error}"[:300])
 
-    def take(self) -> dict:
+    def take(self, nodes: int, poll_interval: float, heartbeat_interval: float) -> dict:
         with self.lock:
+            seconds = time.monotonic() - self.since
             return {
+                "nodes": nodes, "seconds": seconds, "due_ticks": nodes * seconds / poll_interval,
+                "due_beats": nodes * seconds / heartbeat_interval,
                 "operations": dict(self.operations), "claim_ms": list(self.claim_ms),
                 "heartbeat_ms": list(self.heartbeat_ms), "tick_late_ms": list(self.tick_late_ms),
                 "claims_with_jobs": self.claims_with_jobs, "jobs_claimed": self.jobs_claimed,
-                "jobs_finished": self.jobs_finished, "errors": dict(self.errors),
+                "jobs_finished": self.jobs_finished, "errors": dict(self.errors), "slow": dict(self.slow),
                 "error_samples": list(self.error_samples),
             }
 
@@ -1193,12 +1325,18 @@ class SimNode:
         self.stopping = False
         # A busy node's pool ends up holding all its connections (claims, heartbeats, web requests and finishes
         # overlap now and then, and nothing closes an idle pooled connection): open them all now.
-        connections = [self.engine.connect() for _ in range(parameters["pool_size"])]
-        for connection in connections:
-            connection.close()
-        self.store.register_node(worker=self.worker, name=self.name, url=None, max_proc=self.max_proc)
-        self.stats.operation("register_node")
-        self.healthy_since = time.monotonic()
+        connections = []
+        try:
+            for _ in range(parameters["pool_size"]):
+                connections.append(self.engine.connect())
+        except Exception as e:  # noqa: BLE001 - counted; the pool opens what it needs later
+            self.stats.error("connect", e)
+        finally:
+            for connection in connections:
+                connection.close()
+        if self._timed("register_node", self.store.register_node, worker=self.worker, name=self.name, url=None,
+                       max_proc=self.max_proc, ok=True) is not None:
+            self.healthy_since = time.monotonic()
 
     def start(self, chooser: random.Random) -> None:
         now = time.monotonic()
@@ -1206,19 +1344,33 @@ class SimNode:
         self.timer.at(now + chooser.uniform(0, self.heartbeat_interval), self.beat)
         self.timer.at(now + chooser.uniform(0, self.heartbeat_interval), self.upkeep)
 
-    def _timed(self, kind: str, call, *args, **kwargs):
+    @staticmethod
+    def _next(due: float, interval: float) -> float:
+        """The next time on this action's grid after now: intervals missed while late are skipped, as Twisted's
+        LoopingCall does (and the lease thread, which waits for what is left of its interval)."""
+        late = time.monotonic() - due
+        return due + interval * (max(0, math.floor(late / interval)) + 1)
+
+    def _timed(self, kind: str, call, *args, ok=None, **kwargs):
+        """``call(...)``, counted and timed; an exception is counted by type and gives None (or ``ok`` is
+        returned on success instead of the call's result, for calls that return None)."""
         started = time.perf_counter()
         try:
-            return call(*args, **kwargs)
+            result = call(*args, **kwargs)
+            return result if ok is None else ok
         except Exception as e:  # noqa: BLE001 - DatabaseError and anything else, counted by type
             self.stats.error(kind, e)
             return None
         finally:
-            self.stats.operation(kind)
-            if kind in ("claim_next_jobs", "heartbeat"):
-                elapsed = (time.perf_counter() - started) * 1000
-                with self.stats.lock:
-                    (self.stats.claim_ms if kind == "claim_next_jobs" else self.stats.heartbeat_ms).append(elapsed)
+            elapsed = (time.perf_counter() - started) * 1000
+            with self.stats.lock:
+                self.stats.operations[kind] += 1
+                if kind == "claim_next_jobs":
+                    self.stats.claim_ms.append(elapsed)
+                elif kind == "heartbeat":
+                    self.stats.heartbeat_ms.append(elapsed)
+                if elapsed >= SLOW_MS:
+                    self.stats.slow[kind] += 1
 
     # LeaseKeeper: heartbeat every heartbeat_interval (bounded by it), recovery once healthy for a lease.
     def beat(self, due: float) -> None:
@@ -1226,7 +1378,7 @@ class SimNode:
 
         if self.stopping:
             return
-        self.timer.at(due + self.heartbeat_interval, self.beat)
+        self.timer.at(self._next(due, self.heartbeat_interval), self.beat)
         with db.deadline(self.heartbeat_interval):
             alive = self._timed("heartbeat", self.store.heartbeat, self.worker)
             if alive is None:
@@ -1245,7 +1397,7 @@ class SimNode:
     def upkeep(self, due: float) -> None:
         if self.stopping:
             return
-        self.timer.at(due + self.heartbeat_interval, self.upkeep)
+        self.timer.at(self._next(due, self.heartbeat_interval), self.upkeep)
         self._timed("requested_cancels", self.cluster.requested_cancels, self.worker)
         self._timed("egg_catalogue", self.eggs.egg_catalogue)
         if self.healthy_since is not None:
@@ -1258,7 +1410,7 @@ class SimNode:
     def tick(self, due: float) -> None:
         if self.stopping:
             return
-        self.timer.at(due + self.poll_interval, self.tick)
+        self.timer.at(self._next(due, self.poll_interval), self.tick)
         with self.stats.lock:
             self.stats.tick_late_ms.append((time.monotonic() - due) * 1000)
         self.poll()
@@ -1314,15 +1466,28 @@ class SimNode:
 # --- figures -------------------------------------------------------------------------------------------------------
 
 
+def _get(data: dict, *keys):
+    """``data[k1][k2]...``, None when a part is missing (a part that failed)."""
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _difference(a, b) -> float:
+    return math.nan if a is None or b is None else a - b
+
+
 def _ratios(series: dict) -> dict:
     ratios = {}
     poll, direct = series["poll_only"], series["listeners_direct"]
     for key, label in (("to_spawn_ms", "response->spawn"), ("to_spider_ms", "response->spider")):
         for statistic in ("p50", "p99"):
-            ratios[f"{label} {statistic} (ms), poll-only - listeners direct"] = (
-                poll["jobs"][key][statistic] - direct["jobs"][key][statistic])
+            ratios[f"{label} {statistic} (ms), poll-only - listeners direct"] = _difference(
+                _get(poll, "jobs", key, statistic), _get(direct, "jobs", key, statistic))
     ratios["idle transactions/s, poll-only / listeners direct"] = _safe_ratio(
-        poll["idle"]["transactions_per_second"], direct["idle"]["transactions_per_second"])
+        _get(poll, "idle", "transactions_per_second"), _get(direct, "idle", "transactions_per_second"))
     points = series["simulated"]["points"]
     if len(points) >= 2:
         first, last = points[0], points[-1]
@@ -1335,7 +1500,7 @@ def _ratios(series: dict) -> dict:
 
 
 def _safe_ratio(numerator, denominator) -> float:
-    if not denominator or numerator is None or math.isnan(denominator) or math.isnan(numerator):
+    if not denominator or numerator is None or math.isnan(denominator) or math.isnan(numerator):  # noqa
         return math.nan
     return numerator / denominator
 
@@ -1344,6 +1509,9 @@ def _notes(series: dict, sizes: Sizes) -> list[str]:
     notes = []
     for name in MODES:
         data = series[name]
+        if "failed" in data:
+            notes.append(f"{name} FAILED: {_last_line(data['failed'])}")
+            continue
         errors = data["errors"]
         if errors["connection_errors"]:
             notes.append(f"{name}: {errors['connection_errors']} connection-error line(s) on "
@@ -1362,11 +1530,23 @@ def _notes(series: dict, sizes: Sizes) -> list[str]:
         bad = {outcome: n for outcome, n in data["jobs"]["outcomes"].items() if outcome != "finished"}
         if bad:
             notes.append(f"{name}: job outcomes other than finished: {bad}")
-    for point in series["simulated"]["points"]:
+    simulated = series["simulated"]
+    if "failed" in simulated:
+        notes.append(f"simulated FAILED: {_last_line(simulated['failed'])}")
+    if simulated.get("failure"):
+        notes.append(f"simulated: stopped at the {simulated['failure']['step']:,}-node step: "
+                     f"{simulated['failure']['error']}")
+    for point in simulated["points"]:
         if point["errors"]:
             notes.append(f"simulated {point['nodes']:,}: errors {point['errors_by_type']}: "
                          f"{point['error_samples'][:2]}")
-    feeder = series["simulated"]["feeder"]
+        if point.get("errors_adding"):
+            notes.append(f"simulated {point['nodes']:,}: errors while adding this step's nodes (before the window): "
+                         f"{point['errors_adding_by_type']}: {point['errors_adding_samples'][:2]}")
+        if point.get("slow_operations"):
+            notes.append(f"simulated {point['nodes']:,}: store calls of {SLOW_MS / 1000:g} s or more, by kind: "
+                         f"{point['slow_operations']}")
+    feeder = simulated.get("feeder", {"errors": 0})
     if feeder["errors"]:
         notes.append(f"simulated: the feeder's enqueue failed {feeder['errors']} time(s): {feeder['first_error']}")
     if not sizes.wait_for_lease:
@@ -1407,8 +1587,14 @@ def format_table(result: dict) -> str:
         ["nodes that said 'runs poll-only'", *both(lambda d: d["poll_only_lines"])],
         ["idle: transactions/s, whole cluster", *both(lambda d: d["idle"]["transactions_per_second"], 1)],
         ["idle: transactions/s per node", *both(lambda d: d["idle"]["transactions_per_second_per_node"], 2)],
+        ["idle: PgBouncer client transactions/s", *both(
+            lambda d: d["idle"]["pgbouncer"]["client_transactions_per_second"], 1)],
+        ["idle: server transactions per PgBouncer client transaction", *both(
+            lambda d: d["idle"]["pgbouncer"]["server_per_client_transaction"], 2)],
         ["idle: server backends, peak", *both(lambda d: d["idle"]["backends_peak"])],
-        ["idle: of which listeners, peak", *both(lambda d: d["idle"]["listeners_peak"])],
+        ["idle: of which PgBouncer's / direct, peak", *both(
+            lambda d: f"{d['idle']['pgbouncer_backends_peak']} / {d['idle']['direct_backends_peak']}")],
+        ["idle: listeners (direct backends), peak", *both(lambda d: d["idle"]["listeners_peak"])],
         ["idle: PgBouncer server connections, peak", *both(lambda d: d["idle"]["pgbouncer_servers_peak"])],
         ["idle: PgBouncer clients, peak", *both(lambda d: d["idle"]["pgbouncer_clients_peak"])],
         ["idle: CPU of all nodes (cores)", *both(lambda d: cores(d, "idle", "nodes"), 2)],
@@ -1429,6 +1615,11 @@ def format_table(result: dict) -> str:
         ["jobs: phase (s), in flight at most", *both(lambda d: f"{d['jobs']['seconds']:.0f}, "
                                                               f"{d['jobs']['in_flight_cap']}")],
         ["jobs: transactions/s during the phase", *both(lambda d: d["jobs"]["transactions_per_second"], 0)],
+        ["jobs: server transactions per job, over idle", *both(
+            lambda d: (d["jobs"]["transactions_per_second"] - d["idle"]["transactions_per_second"])
+            * d["jobs"]["seconds"] / d["jobs"]["count"], 0)],
+        ["jobs: PgBouncer mean xact / wait for a server (ms)", *both(
+            lambda d: f"{d['jobs']['pgbouncer']['xact_ms_mean']:.2f} / {d['jobs']['pgbouncer']['wait_ms_mean']:.2f}")],
         ["jobs: server backends, peak", *both(lambda d: d["jobs"]["backends_peak"])],
         ["jobs: PgBouncer clients peak / waiting peak", *both(
             lambda d: f"{d['jobs']['pgbouncer_clients_peak']} / {d['jobs']['pgbouncer_clients_waiting_peak']}")],
@@ -1440,24 +1631,34 @@ def format_table(result: dict) -> str:
         ["connection errors in node and crawl logs", *both(lambda d: d["errors"]["connection_errors"])],
     ]
     simulated = series["simulated"]
-    sim_rows = []
+    load_rows, latency_rows = [], []
     for point in simulated["points"]:
-        cpu = point["cpu_cores"]
-        sim_rows.append([
+        cpu, bouncer = point["cpu_cores"], point["pgbouncer"]
+        load_rows.append([
             report.number(point["nodes"]),
-            report.number(point["transactions_per_second"], 0),
             report.number(point["operations_per_second"], 0),
+            report.number(bouncer["client_transactions_per_second"], 0),
+            report.number(point["transactions_per_second"], 0),
             report.number(point["transactions_per_operation"], 2),
             report.number(point["backends_peak"]),
+            report.number(point["pgbouncer_servers_peak"]),
             report.number(point["pgbouncer_clients_peak"]),
             report.number(point["pgbouncer_clients_waiting_peak"]),
-            _ms(point["claim_ms"], "p50"),
-            _ms(point["claim_ms"], "p99"),
-            _ms(point["heartbeat_ms"], "p99"),
-            _ms(point["tick_late_ms"], "p99"),
             report.number(point["jobs_claimed"]),
             report.number(point["pending_at_end"]),
             report.number(point["errors"]),
+            report.number(point["errors_adding"]),
+        ])
+        latency_rows.append([
+            report.number(point["nodes"]),
+            _ms(point["claim_ms"], "p50"),
+            _ms(point["claim_ms"], "p99"),
+            _ms(point["heartbeat_ms"], "p50"),
+            _ms(point["heartbeat_ms"], "p99"),
+            report.number(bouncer["xact_ms_mean"], 2),
+            report.number(bouncer["wait_ms_mean"], 2),
+            f"{point['ticks_run_per_due']:.0%}",
+            f"{point['heartbeats_run_per_due']:.0%}",
             f"{cpu.get('simulator', math.nan):.2f}",
             f"{cpu.get('postgres', math.nan):.2f}",
             f"{cpu.get('pgbouncer', math.nan):.2f}",
@@ -1480,15 +1681,21 @@ def format_table(result: dict) -> str:
         f"{parameters['sim_poll_interval']:g} s with a free slot of {parameters['max_proc']}, mark_started, a "
         f"{parameters['sim_hold_seconds']:g} s hold, finish_job + prune_terminated), one engine (pool "
         f"{parameters['database_pool_size']}, both connections open) per node, through PgBouncer (pool "
-        f"{parameters['pgbouncer_pool_size']}, max_client_conn {simulated['max_client_conn']:,}) to Postgres "
-        f"(max_connections {parameters['sim_max_connections']}); {simulated['processes']} processes x "
-        f"{simulated['threads_per_process']} threads; {simulated['jobs_per_second']:g} jobs/s enqueued; "
-        f"{sizes['sim_window_seconds']:g} s window per step. xact/op = server transactions per store call; "
-        "CPU in cores (machine: 2)",
-        report.format_rows(["nodes", "xact/s", "ops/s", "xact/op", "backends", "PgB clients", "PgB waiting",
-                            "claim p50 ms", "claim p99 ms", "heartbeat p99 ms", "tick late p99 ms", "jobs claimed",
-                            "pending at end", "errors", "CPU sim", "CPU postgres", "CPU pgbouncer", "CPU machine"],
-                           sim_rows),
+        f"{parameters['pgbouncer_pool_size']}, max_client_conn {simulated.get('max_client_conn', 0):,}) to Postgres "
+        f"(max_connections {parameters['sim_max_connections']}); {sizes['sim_processes']} processes x "
+        f"{sizes['sim_threads']} threads; {sizes['sim_jobs_per_second']:g} jobs/s enqueued; "
+        f"{sizes['sim_window_seconds']:g} s window per step. store calls = the simulated nodes' JobStore/ClusterStore/"
+        "EggStore calls + the feeder's enqueues; PgB client xact = transactions PgBouncer's clients sent (SHOW STATS); "
+        "server xact = pg_stat_database; PgB xact ms / wait ms = mean time a transaction held / waited for a server "
+        "connection (SHOW STATS); claim ticks / heartbeats run = run in the window / due (late ones are skipped, as "
+        "LoopingCall does); CPU in cores (the machine has 2; 'machine' includes other users)",
+        report.format_rows(["nodes", "store calls/s", "PgB client xact/s", "server xact/s", "server xact/call",
+                            "backends peak", "PgB server conns", "PgB clients", "PgB waiting peak", "jobs claimed",
+                            "pending at end", "errors", "errors adding"], load_rows),
+        "",
+        report.format_rows(["nodes", "claim p50 ms", "claim p99 ms", "heartbeat p50 ms", "heartbeat p99 ms",
+                            "PgB xact ms", "PgB wait ms", "claim ticks run", "heartbeats run", "CPU sim",
+                            "CPU postgres", "CPU pgbouncer", "CPU machine"], latency_rows),
         "",
         report.format_rows(["ratio / difference", "value"], ratio_rows),
         "",
@@ -1523,16 +1730,22 @@ def plot(result: dict, directory: Path) -> list[Path]:
     paths.append(report.save_figure(plt, figure, directory / "scale_claim_latency.png"))
 
     figure, axes = plt.subplots(figsize=(8, 5))
-    axes.plot(nodes, [p["transactions_per_second"] for p in points], marker="o", label="simulated: server xact/s")
+    rate = result["parameters"]["sizes"]["sim_jobs_per_second"]
+    axes.plot(nodes, [p["transactions_per_second"] for p in points], marker="o",
+              label=f"simulated ({rate:g} jobs/s enqueued): server xact/s")
     axes.plot(nodes, [p["operations_per_second"] for p in points], marker="s", linestyle="--",
-              label="simulated: store calls/s")
+              label="simulated: store calls/s (PgBouncer's clients' transactions)")
     for name, marker in (("poll_only", "D"), ("listeners_direct", "v")):
         data = series[name]
+        if "idle" not in data:
+            continue
         axes.plot([data["nodes"]], [data["idle"]["transactions_per_second"]], marker=marker, linestyle="none",
                   markersize=9, label=f"real nodes idle, {name.replace('_', ' ')} (poll {data['poll_interval']:g} s)")
     axes.set_xscale("log")
     axes.set_yscale("log")
     ticks = sorted(set(nodes) | {series["poll_only"]["nodes"]})
+    if not ticks:
+        ticks = [1]
     axes.set_xticks(ticks, [f"{n:,}" for n in ticks])
     axes.minorticks_off()
     axes.set_xlabel("nodes")
@@ -1547,7 +1760,7 @@ def plot(result: dict, directory: Path) -> list[Path]:
         data = series[name]
         for key, style, what in (("to_spawn_ms_values", "-", "spawn (row start_time)"),
                                  ("to_spider_ms_values", "--", "spider (runs.jsonl)")):
-            values = data["jobs"].get(key) or []
+            values = _get(data, "jobs", key) or []
             if values:
                 axes.step(values, [(rank + 1) / len(values) for rank in range(len(values))], where="post",
                           linestyle=style, label=f"{name.replace('_', ' ')} (poll {data['poll_interval']:g} s): {what}")
