@@ -3,7 +3,6 @@ is ever stored or logged."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from sqlalchemy import make_url
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.cluster import LocalCluster
+from helpers import query
 
 PASSWORD = "node-s3cret-pw"
 # The grants of the README's "Database roles" section, for a node role on a database its owner migrated.
@@ -26,31 +26,15 @@ NODE_GRANTS = """
 """
 
 
-def connect(url):
-    parsed = make_url(url)
-    connection = psycopg2.connect(
-        host=parsed.host, port=parsed.port or 5432, user=parsed.username, password=parsed.password,
-        dbname=parsed.database or "postgres", connect_timeout=5,
-    )
-    connection.autocommit = True
-    return connection
-
-
-def run_sql(url, sql, params=()):
-    with contextlib.closing(connect(url)) as connection, connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description else None
-
-
 @pytest.fixture
 def roles(postgres_server):
     """A new database owned by an owner role, and a node role with no rights yet: their URLs."""
     server_url, _ = postgres_server
     suffix = uuid.uuid4().hex[:8]
     database, owner, node = f"least_{suffix}", f"owner_{suffix}", f"node_{suffix}"
-    run_sql(server_url, f"CREATE ROLE {owner} LOGIN PASSWORD %s", ("owner-pw",))
-    run_sql(server_url, f"CREATE ROLE {node} LOGIN PASSWORD %s", (PASSWORD,))
-    run_sql(server_url, f"CREATE DATABASE {database} OWNER {owner}")
+    query(server_url, f"CREATE ROLE {owner} LOGIN PASSWORD %s", ("owner-pw",))
+    query(server_url, f"CREATE ROLE {node} LOGIN PASSWORD %s", (PASSWORD,))
+    query(server_url, f"CREATE DATABASE {database} OWNER {owner}")
     base = make_url(server_url).set(database=database)
     return {
         "database": database,
@@ -66,9 +50,9 @@ def test_a_node_runs_as_a_role_that_cannot_change_the_schema(roles, tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert migrate.returncode == 0, migrate.stderr
-    run_sql(roles["owner_url"], NODE_GRANTS.format(database=roles["database"], node=roles["node"]))
+    query(roles["owner_url"], NODE_GRANTS.format(database=roles["database"], node=roles["node"]))
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):
-        run_sql(roles["node_url"], "CREATE TABLE intruder (id int)")
+        query(roles["node_url"], "CREATE TABLE intruder (id int)")
 
     marker = f"env-marker-{uuid.uuid4().hex}"
     cluster = LocalCluster(roles["node_url"], 1, directory=tmp_path, config={"poll_interval": "1"},
@@ -85,15 +69,15 @@ def test_a_node_runs_as_a_role_that_cannot_change_the_schema(roles, tmp_path):
     assert "permission denied" not in log
     assert PASSWORD not in log
 
-    stored = run_sql(roles["owner_url"], "SELECT spider_job::text FROM spider_job") + run_sql(
+    stored = query(roles["owner_url"], "SELECT spider_job::text FROM spider_job") + query(
         roles["owner_url"], "SELECT scrapyd_node::text FROM scrapyd_node"
     )
     assert [row for row in stored if PASSWORD in row[0] or marker in row[0]] == []
-    assert run_sql(roles["owner_url"], "SELECT status, outcome FROM spider_job") == [("terminated", "finished")]
+    assert query(roles["owner_url"], "SELECT status, outcome FROM spider_job") == [("terminated", "finished")]
 
 
 def test_a_role_that_cannot_migrate_an_old_schema_gets_told_what_to_run(roles):
-    run_sql(roles["owner_url"], f"GRANT CONNECT ON DATABASE {roles['database']} TO {roles['node']}")
+    query(roles["owner_url"], f"GRANT CONNECT ON DATABASE {roles['database']} TO {roles['node']}")
     with pytest.raises(db.DatabaseError) as raised:
         db.get_engine(roles["node_url"])
     message = str(raised.value)
