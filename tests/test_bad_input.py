@@ -26,6 +26,7 @@ from sqlalchemy import make_url
 from scrapyd_pgqueue import PostgresSpiderQueue
 from scrapyd_pgqueue.cluster import LocalCluster
 from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
+from helpers import wait_for
 
 SQL_METACHARACTERS = ["'", '"', "';--", "'; DROP TABLE spider_job; --", "%", "_", "\\", "$1", "::text", "/*", "*/"]
 # A message that starts with an exception's class name is not Scrapyd's style for a refused request.
@@ -63,12 +64,16 @@ def queue_database(postgres_server):
 
 @pytest.fixture(scope="module")
 def node(queue_database, tmp_path_factory):
-    """One real node that never claims a job (a poll an hour apart, no NOTIFY): what it accepts stays pending."""
+    """One real node that claims nothing more: its only slot runs an hour-long warm-up crawl for the whole module,
+    so what it accepts stays pending. (Relying on a long poll interval alone raced with the node's start-up polls.)"""
     cluster = LocalCluster(queue_database, 1, directory=tmp_path_factory.mktemp("quiet"),
-                           config={"poll_interval": "3600", "listen_notify": "off"})
+                           config={"poll_interval": "3600", "max_proc": "1"})
     with cluster:
         [node] = cluster.nodes
-        assert node.post("schedule.json", project="example", spider="sleeper", jobid="warm-up")["status"] == "ok"
+        warm_up = node.post("schedule.json", project="example", spider="sleeper", jobid="warm-up", seconds="3600")
+        assert warm_up["status"] == "ok"
+        wait_for(lambda: [job for job in node.get("listjobs.json")["running"] if job["pid"]], 60,
+                 "the warm-up crawl to take the node's only slot")
         yield node
 
 
