@@ -20,6 +20,8 @@ __all__ = list(_COMPONENTS)
 
 
 def __getattr__(name):
+    if name == "application":  # the one-line setup; the module is callable (see application.py)
+        return importlib.import_module("scrapyd_pgqueue.application")
     if name in _COMPONENTS:
         return getattr(importlib.import_module(_COMPONENTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

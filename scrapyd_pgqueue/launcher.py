@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue import metrics
 from scrapyd_pgqueue.db import ThrottledLog
 from scrapyd_pgqueue.eggstorage import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.events import ClusterEvents
@@ -271,6 +272,7 @@ class PostgresLauncher(Launcher):
             self._get_message(slot)
             return
         self.processes[slot] = process
+        metrics.crawl_started(self.settings, claimed, process.start_time)
         if claimed is not None:
             threads.deferToThread(
                 self.store.mark_started, claimed, worker=pgconfig.WORKER_ID, pid=process.pid,
@@ -288,6 +290,7 @@ class PostgresLauncher(Launcher):
             self._get_message(slot)  # always: a failing job storage must not cost the slot
 
     def _record_finished(self, process):
+        metrics.CRAWLS_ENDED.labels(process.outcome or FAILED).inc()
         self.unrecorded.append(process)
         self._flush_unrecorded()
 
@@ -313,6 +316,7 @@ class PostgresLauncher(Launcher):
             try:
                 self.finished.add(process)
             except Exception as e:  # noqa: BLE001 - kept and retried; the slot is not affected
+                metrics.DATABASE_ERRORS.labels("record").inc()
                 self.trouble.report(f"Could not record job {process.job}, retrying every heartbeat: {e}", key="record")
                 break
             recorded.append(process)

@@ -16,7 +16,7 @@ from zope.interface import implementer
 from scrapyd.interfaces import IPoller
 from scrapyd.utils import get_spider_queues
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue import notifications
+from scrapyd_pgqueue import metrics, notifications
 from scrapyd_pgqueue.db import ThrottledLog
 from scrapyd_pgqueue.store import NOTIFY_CHANNEL, ClaimedJob, JobStore
 
@@ -83,11 +83,13 @@ class PostgresPoller:
         self.claiming = False
         claim_again, self.claim_again = self.claim_again, False
         if isinstance(result, Failure):
+            metrics.DATABASE_ERRORS.labels("claim").inc()
             self.claim_errors.report(f"Claiming jobs failed, trying again every tick: {result.getErrorMessage()}",
                                      key="claim")
             return None  # no immediate retry: a database that is away would be hammered
         self.claim_errors.clear("claim")
         for claimed in result:
+            metrics.CLAIMS.inc()
             message = dict(claimed.message)
             message["_project"] = claimed.project
             message["_spider"] = message.pop("name")

@@ -4,12 +4,14 @@ from zope.interface import implementer
 
 from scrapyd.interfaces import ISpiderQueue
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.application import warn_half_configuration
 from scrapyd_pgqueue.store import JobStore
 
 
 @implementer(ISpiderQueue)
 class PostgresSpiderQueue:
     def __init__(self, config, project):
+        warn_half_configuration(config)  # the explicit form runs Scrapyd's application: say what is missing
         settings = pgconfig.settings(config)
         self.store = JobStore.for_settings(settings)
         self.node = settings.node_name

@@ -14,6 +14,7 @@ One module per concern:
 - ``cluster``: the whole cluster's view for the web services: status, lists, counts, cancel, logs (``ClusterStore``).
 - ``admin``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
 - ``eggs``: project eggs (``EggStore``).
+- ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from scrapyd_pgqueue.store.cluster import (
     StoredLog,
 )
 from scrapyd_pgqueue.store.eggs import EggStore
+from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
 from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS_OF_PROJECT, JobStore, notify_through_pool
 
@@ -53,6 +55,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "PENDING_COUNT_CAP",
     "SIGNAL_NAMES",
+    "COUNT_CAP",
     # errors
     "DuplicateJobError",
     "InvalidJobError",
@@ -68,10 +71,13 @@ __all__ = [
     "CancelRequest",
     "StoredLog",
     "NodeRow",
+    "SpiderDepth",
+    "MinuteCount",
     # stores
     "JobStore",
     "ClusterStore",
     "EggStore",
+    "OverviewStore",
     "notify_through_pool",
     # queries the tests and the benchmark read (their plans, their compiled SQL)
     "CLAIM_NEXT_JOBS_OF_PROJECT",

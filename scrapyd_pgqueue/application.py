@@ -1,0 +1,129 @@
+"""One line makes a Scrapyd node a cluster node: ``application = scrapyd_pgqueue.application``.
+
+Scrapyd builds its node with the callable its ``application`` option names (``scrapyd.app.application``). This
+one fills in every component, web service and page of the cluster, then builds the node as Scrapyd does. Scrapyd's
+own defaults already name a component for every option, so "set explicitly" means "differs from Scrapyd's
+default": an option left at Scrapyd's default gets ours, any other value wins.
+
+The crawl and ``scrapy list`` subprocesses read the configuration files again (``scrapyd.runner``): the runner
+becomes ``scrapyd_pgqueue.runner``, which applies the same defaults there, so they find the eggs in the database.
+
+A node whose configuration mixes the shared queue with Scrapyd's per-node poller, launcher or services logs what
+will be wrong, and the line that fixes it (``warn_half_configuration``). Nothing here imports Twisted's reactor:
+the runner imports this module in the crawl process (trap 11).
+"""
+
+from __future__ import annotations
+
+import configparser
+import pkgutil
+import sys
+import types
+
+ONE_LINE = "application = scrapyd_pgqueue.application"
+
+COMPONENTS = {
+    "spiderqueue": "scrapyd_pgqueue.PostgresSpiderQueue",
+    "jobstorage": "scrapyd_pgqueue.PostgresJobStorage",
+    "poller": "scrapyd_pgqueue.PostgresPoller",
+    "launcher": "scrapyd_pgqueue.PostgresLauncher",
+    "eggstorage": "scrapyd_pgqueue.PostgresEggStorage",
+    "webroot": "scrapyd_pgqueue.website.Root",
+    "runner": "scrapyd_pgqueue.runner",
+}
+SERVICES = {
+    "schedule.json": "scrapyd_pgqueue.webservice.Schedule",
+    "schedule_batch.json": "scrapyd_pgqueue.webservice.ScheduleBatch",
+    "status.json": "scrapyd_pgqueue.webservice.Status",
+    "listjobs.json": "scrapyd_pgqueue.webservice.ListJobs",
+    "daemonstatus.json": "scrapyd_pgqueue.webservice.DaemonStatus",
+    "cancel.json": "scrapyd_pgqueue.webservice.Cancel",
+    "logs": "scrapyd_pgqueue.webservice.Logs",
+}
+# What goes wrong when the shared queue runs with Scrapyd's own piece instead of ours.
+CONSEQUENCES = {
+    "poller": "the node stops claiming jobs for good the first time another node wins a job (and claims project "
+    "by project, ignoring priority across projects)",
+    "launcher": "crawls are not recorded on their rows: no node, pid or outcome, no lease, a dead node's jobs stay "
+    "running forever, cancel.json on another node cannot stop them",
+    "jobstorage": "finished jobs are kept in this node's memory only",
+    "services": "status.json, listjobs.json, daemonstatus.json and cancel.json answer for this node's crawls only "
+    "(status.json answers null for a job running on another node) and /logs/ has no log of other nodes' jobs",
+}
+
+
+def scrapyd_defaults() -> configparser.ConfigParser:
+    """Scrapyd's own default configuration (the first file it reads)."""
+    defaults = configparser.ConfigParser()
+    defaults.read_string(pkgutil.get_data("scrapyd", "default_scrapyd.conf").decode())
+    return defaults
+
+
+def apply_defaults(config) -> None:
+    """Give every option still at Scrapyd's default (or unset) the cluster's value, in a ``scrapyd.config.Config``."""
+    defaults = scrapyd_defaults()
+    parser = config.cp
+    for section, values in (("scrapyd", COMPONENTS), ("services", SERVICES)):
+        if not parser.has_section(section):
+            parser.add_section(section)
+        for option, value in values.items():
+            current = parser.get(section, option, fallback=None)
+            if current is None or current == defaults.get(section, option, fallback=None):
+                parser.set(section, option, value)
+
+
+def half_configuration(config) -> list[str]:
+    """What is wrong with a configuration that uses the shared queue with some of Scrapyd's per-node pieces."""
+    if not config.get("spiderqueue", "").startswith("scrapyd_pgqueue."):
+        return []
+    problems = [
+        f"{option} = {config.get(option, '')}: {CONSEQUENCES[option]}"
+        for option in ("poller", "launcher", "jobstorage")
+        if not config.get(option, "").startswith("scrapyd_pgqueue.")
+    ]
+    services = dict(config.items("services", default=[]))
+    stock = [name for name in ("status.json", "listjobs.json", "daemonstatus.json", "cancel.json")
+             if not services.get(name, "").startswith("scrapyd_pgqueue.")]
+    if stock:
+        problems.append(f"[services] {', '.join(stock)} are Scrapyd's own: {CONSEQUENCES['services']}")
+    return problems
+
+
+_warned = False
+
+
+def warn_half_configuration(config) -> None:
+    """Log, once per process, what a half configuration gets wrong and the line that fixes it. Called by the
+    application and by the shared queue itself (the explicit form runs Scrapyd's application)."""
+    global _warned
+    problems = half_configuration(config)
+    if problems and not _warned:
+        from twisted.logger import Logger
+
+        _warned = True
+        Logger(namespace="scrapyd_pgqueue").warn(
+            "This node uses the shared Postgres queue but not all of its components:\n  - {problems}\nFix: put the "
+            "one line '{line}' in the [scrapyd] section and remove the component and [services] lines (or name "
+            "every scrapyd_pgqueue component and service, see scrapyd.cfg).",
+            problems="\n  - ".join(problems), line=ONE_LINE,
+        )
+
+
+def application(config):
+    """Scrapyd's ``application``: the cluster's components, services and pages, then Scrapyd's own build."""
+    from scrapyd.app import application as scrapyd_application
+
+    apply_defaults(config)
+    warn_half_configuration(config)
+    return scrapyd_application(config)
+
+
+class _CallableModule(types.ModuleType):
+    """``scrapyd_pgqueue.application`` names this module once it is imported (Python sets a package's attribute to
+    its submodule): calling the module builds the node, so the one line works whichever import came first."""
+
+    def __call__(self, config):
+        return application(config)
+
+
+sys.modules[__name__].__class__ = _CallableModule

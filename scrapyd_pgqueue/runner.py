@@ -1,0 +1,28 @@
+"""The crawl and ``scrapy list`` runner of a one-line node: Scrapyd's ``scrapyd.runner`` with the cluster's defaults.
+
+Scrapyd's runner reads the configuration files again in the subprocess; with only the one line there, it would build
+Scrapyd's file egg storage and miss every egg deployed to the database. This one applies the one-line defaults to
+that configuration first. No reactor import (trap 11).
+"""
+
+from __future__ import annotations
+
+from scrapyd import runner as scrapyd_runner
+from scrapyd.config import Config
+
+from scrapyd_pgqueue.application import apply_defaults
+
+
+class ClusterConfig(Config):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        apply_defaults(self)
+
+
+def main():
+    scrapyd_runner.Config = ClusterConfig  # project_environment() builds its egg storage from Config()
+    scrapyd_runner.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The cluster at a glance, for the dashboard and /metrics: queue depth per spider, throughput, ages, node URLs.
+
+Every query is bounded whatever the backlog (a million pending jobs): counts stop at ``COUNT_CAP`` rows, distinct
+spiders come from an index skip scan, and finished jobs are the kept ones (pruned to ``finished_to_keep``). The
+nodes and the newest failures come from ``ClusterStore`` (``nodes``, ``troubled_jobs``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, text
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store.base import database_errors
+
+# Jobs counted exactly per spider and state; beyond, the count is shown as "at least" (COUNT_CAP+).
+COUNT_CAP = 10_000
+# Spiders (project, spider pairs) with pending jobs listed at most; distinct priorities looked at at most.
+MAX_SPIDERS = 200
+MAX_PRIORITIES = 100
+
+
+@dataclass
+class SpiderDepth:
+    """Jobs of one spider by state (pending, delayed, running, and outcomes of the kept finished jobs)."""
+
+    project: str
+    spider: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    minute: datetime.datetime
+    outcome: str
+    jobs: int
+
+
+# Distinct (project, spider) pairs of pending jobs by a skip scan of spider_job_pending_spider_idx (one index probe
+# per pair, not a pass over the backlog), each with its pending jobs counted up to :cap.
+PENDING_BY_SPIDER = text("""
+    WITH RECURSIVE pairs AS (
+        (SELECT project, spider FROM spider_job WHERE status = 'pending' ORDER BY project, spider LIMIT 1)
+        UNION ALL
+        SELECT following.project, following.spider FROM pairs, LATERAL (
+            SELECT project, spider FROM spider_job
+            WHERE status = 'pending' AND (project, spider) > (pairs.project, pairs.spider)
+            ORDER BY project, spider LIMIT 1
+        ) AS following
+    )
+    SELECT p.project, p.spider, 'pending' AS state,
+           (SELECT count(*) FROM (
+               SELECT 1 FROM spider_job AS j
+               WHERE j.status = 'pending' AND j.project = p.project AND j.spider = p.spider LIMIT :cap
+           ) AS capped) AS jobs
+    FROM (SELECT project, spider FROM pairs LIMIT :spiders) AS p
+""")
+
+# Delayed jobs per spider among the first :cap (spider_job_delayed_idx): waiting rows are bounded by the cap.
+DELAYED_BY_SPIDER = text("""
+    SELECT project, spider, 'delayed' AS state, count(*) AS jobs
+    FROM (SELECT project, spider FROM spider_job WHERE status = 'delayed' ORDER BY run_at LIMIT :cap) AS capped
+    GROUP BY project, spider
+""")
+
+# Running jobs per spider: bounded by the cluster's process slots.
+RUNNING_BY_SPIDER = text("""
+    SELECT project, spider, 'running' AS state, count(*) AS jobs FROM spider_job
+    WHERE status = 'ongoing' GROUP BY project, spider
+""")
+
+# Kept finished jobs per spider and outcome (the newest :cap; terminated rows are pruned to finished_to_keep).
+OUTCOMES_BY_SPIDER = text("""
+    SELECT project, spider, outcome AS state, count(*) AS jobs FROM (
+        SELECT project, spider, outcome FROM spider_job
+        WHERE status = 'terminated' ORDER BY end_time DESC LIMIT :cap
+    ) AS kept
+    GROUP BY project, spider, outcome
+""")
+
+# Whether any job is delayed (spider_job_delayed_idx): the delayed column shows only then.
+ANY_DELAYED = text("SELECT EXISTS (SELECT 1 FROM spider_job WHERE status = 'delayed')")
+
+# Kept finished jobs per minute and outcome since :since (spider_job_terminated_idx), and the oldest kept end time:
+# the charts cover what the table keeps.
+PER_MINUTE = text("""
+    SELECT date_trunc('minute', end_time) AS minute, outcome, count(*) AS jobs FROM spider_job
+    WHERE status = 'terminated' AND end_time >= :since
+    GROUP BY 1, 2 ORDER BY 1
+""")
+OLDEST_KEPT = text("SELECT min(end_time) FROM spider_job WHERE status = 'terminated'")
+
+# The oldest creation time among the heads of each priority in claim order (spider_job_pending_idx): one probe per
+# distinct priority, where min(created_time) over pending jobs would read the whole backlog.
+OLDEST_PENDING = text("""
+    WITH RECURSIVE heads AS (
+        (SELECT priority, created_time FROM spider_job WHERE status = 'pending' ORDER BY priority DESC, id LIMIT 1)
+        UNION ALL
+        SELECT following.priority, following.created_time FROM heads, LATERAL (
+            SELECT priority, created_time FROM spider_job
+            WHERE status = 'pending' AND priority < heads.priority
+            ORDER BY priority DESC, id LIMIT 1
+        ) AS following
+    )
+    SELECT min(created_time) FROM (SELECT created_time FROM heads LIMIT :priorities) AS h
+""")
+
+# Delayed jobs whose run_at has passed (due, not yet pending), counted up to :cap from spider_job_delayed_idx.
+PAST_DUE = text("""
+    SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'delayed' AND run_at <= now() LIMIT :cap) AS due
+""")
+
+# Live node processes' URLs by node name, the newest process per name: where a job's log link leads.
+NODE_URLS = text("""
+    SELECT DISTINCT ON (name) name, url FROM scrapyd_node WHERE stopped_time IS NULL ORDER BY name, started_time DESC
+""")
+
+# When job :id was scheduled (the schedule-to-start latency of a crawl this node starts).
+CREATED_TIME = text("SELECT created_time FROM spider_job WHERE id = :id")
+
+
+class OverviewStore:
+    """Read-only views of the whole cluster, each bounded whatever the backlog."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @classmethod
+    def for_settings(cls, settings) -> OverviewStore:
+        return _overview_store_for_engine(db.engine_for_settings(settings))
+
+    @classmethod
+    def for_url(cls, url: str) -> OverviewStore:
+        return _overview_store_for_engine(db.get_engine(url))
+
+    @database_errors
+    def depth_by_spider(self) -> list[SpiderDepth]:
+        """Jobs per spider by state, each count capped at COUNT_CAP, ordered by project and spider."""
+        depths: dict[tuple[str, str], SpiderDepth] = {}
+        params = {"cap": COUNT_CAP, "spiders": MAX_SPIDERS}
+        with db.autocommit(self.engine) as connection:
+            queries = [PENDING_BY_SPIDER, RUNNING_BY_SPIDER, OUTCOMES_BY_SPIDER]
+            if connection.execute(ANY_DELAYED).scalar():
+                queries.append(DELAYED_BY_SPIDER)
+            for query in queries:
+                for row in connection.execute(query, params):
+                    depth = depths.setdefault((row.project, row.spider), SpiderDepth(row.project, row.spider))
+                    depth.counts[row.state] = row.jobs
+        return [depths[key] for key in sorted(depths)]
+
+    @database_errors
+    def per_minute(self, since: datetime.datetime) -> tuple[list[MinuteCount], datetime.datetime | None]:
+        """Kept finished jobs per minute and outcome since ``since``, and the oldest kept job's end time."""
+        with db.autocommit(self.engine) as connection:
+            rows = [MinuteCount(**row._mapping) for row in connection.execute(PER_MINUTE, {"since": since})]
+            return rows, connection.execute(OLDEST_KEPT).scalar()
+
+    @database_errors
+    def oldest_pending(self) -> datetime.datetime | None:
+        """When the longest-waiting job at the head of a priority was scheduled (naive local time); None: none."""
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(OLDEST_PENDING, {"priorities": MAX_PRIORITIES}).scalar()
+
+    @database_errors
+    def past_due(self) -> int:
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(PAST_DUE, {"cap": COUNT_CAP}).scalar()
+
+    @database_errors
+    def node_urls(self) -> dict[str, str | None]:
+        with db.autocommit(self.engine) as connection:
+            return {row.name: row.url for row in connection.execute(NODE_URLS)}
+
+    @database_errors
+    def created_time(self, job_id: int) -> datetime.datetime | None:
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(CREATED_TIME, {"id": job_id}).scalar()
+
+
+@functools.cache
+def _overview_store_for_engine(engine: Engine) -> OverviewStore:
+    return OverviewStore(engine)

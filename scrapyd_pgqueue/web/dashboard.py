@@ -1,0 +1,180 @@
+"""``/dashboard``: the cluster at a glance, on every node; refreshes itself every ``REFRESH_SECONDS``.
+
+A list of sections, each a query (run in the page's thread) and a renderer: a new view of the cluster (periodic
+schedules, per-spider limits) is one more ``Section``. Every query is bounded whatever the backlog (see
+``store/overview.py``); every value from users is escaped.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scrapyd_pgqueue.store import COUNT_CAP, ClusterStore, OverviewStore
+from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, log_path, no_microseconds
+from scrapyd_pgqueue.web.svg import minute_chart
+
+REFRESH_SECONDS = 10
+DEFAULT_HOURS, MAX_HOURS = 3, 48
+FAILURES_SHOWN = 20
+# Columns of the depth table, in this order, each shown when some spider has such jobs (running always).
+DEPTH_STATES = ("pending", "delayed", "running", "finished", "failed", "cancelled", "lost", "interrupted", "dead")
+ALWAYS_SHOWN = ("pending", "running")
+# Outcomes charted as failures: the job did not end well.
+FAILED_OUTCOMES = ("failed", "lost", "interrupted", "dead")
+
+STYLE = """
+    .summary span { display: inline-block; margin-right: 1.5rem; }
+    td.number { text-align: right; }
+    .live { color: #070; } .silent { color: #b00; } .stopped { color: #777; }
+    figure.chart { margin: 0 0 1rem 0; }
+"""
+
+
+@dataclass(frozen=True)
+class View:
+    """What a renderer needs besides its data."""
+
+    base: str
+    now: datetime.datetime
+    hours: int
+    settings: Any
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    fetch: Callable[[ClusterStore, OverviewStore, View], Any]
+    render: Callable[[Any, View], str]
+
+
+def fetch_summary(cluster, overview, view):
+    return cluster.cluster_counts(view.settings.lease_seconds), overview.oldest_pending(), overview.past_due()
+
+
+def render_summary(data, view) -> str:
+    counts, oldest, past_due = data
+    pending = f"{counts.pending:,}" + ("" if counts.pending_exact else " (estimated)")
+    age = no_microseconds(view.now - oldest) if oldest else "none waiting"
+    return f"""<p class="summary">
+<span>Live nodes: <b id="live-nodes">{counts.nodes}</b></span>
+<span>Pending: <b id="pending-total">{pending}</b></span>
+<span>Running: <b id="running-total">{counts.running}</b></span>
+<span>Oldest pending: <b id="oldest-pending">{esc(age)}</b></span>
+<span>Delayed past due: <b id="past-due">{past_due:,}</b></span>
+</p>"""
+
+
+def fetch_nodes(cluster, overview, view):
+    return cluster.nodes(lease_seconds=view.settings.lease_seconds)
+
+
+def render_nodes(nodes, view) -> str:
+    rows = []
+    for node in nodes:
+        slots = node.max_proc or 0
+        rows.append(
+            f'<tr class="node"><td>{esc(node.name)}</td><td class="{esc(node.state)}">{esc(node.state)}</td>'
+            f"<td>{node.heartbeat_age:.1f} s ago</td><td class=\"number\">{node.running}</td>"
+            f'<td class="number">{max(slots - node.running, 0)}</td><td>{esc(node.url)}</td></tr>'
+        )
+    return table("nodes", ["Node", "State", "Last heartbeat", "Slots used", "Slots free", "URL"], rows,
+                 "No node has registered yet.")
+
+
+def fetch_depth(cluster, overview, view):
+    return overview.depth_by_spider()
+
+
+def render_depth(depths, view) -> str:
+    states = [s for s in DEPTH_STATES if s in ALWAYS_SHOWN or any(d.counts.get(s) for d in depths)]
+    rows = []
+    for depth in depths:
+        cells = "".join(f'<td class="number">{count_text(depth.counts.get(state, 0))}</td>' for state in states)
+        rows.append(f'<tr class="depth"><td>{esc(depth.project)}</td><td>{esc(depth.spider)}</td>{cells}</tr>')
+    note = (f"<p>Counted up to {COUNT_CAP:,} per spider and state; finished, failed and the other outcomes are "
+            f"among the kept finished jobs (finished_to_keep = {view.settings.finished_to_keep}).</p>")
+    headers = ["Project", "Spider", *(state.capitalize() for state in states)]
+    return table("depth", headers, rows, "No jobs.") + note
+
+
+def fetch_throughput(cluster, overview, view):
+    since = (view.now - datetime.timedelta(hours=view.hours)).replace(second=0, microsecond=0)
+    return since, *overview.per_minute(since)
+
+
+def render_throughput(data, view) -> str:
+    since, minutes, oldest_kept = data
+    finished, failed = {}, {}
+    for row in minutes:
+        target = finished if row.outcome == "finished" else failed if row.outcome in FAILED_OUTCOMES else None
+        if target is not None:
+            target[row.minute] = target.get(row.minute, 0) + row.jobs
+    end = view.now.replace(second=0, microsecond=0)
+    kept = f"since {no_microseconds(oldest_kept)}" if oldest_kept else "none yet"
+    links = " · ".join(f'<a href="{view.base}/dashboard?hours={h}">{h} h</a>' for h in (1, 3, 12, 24))
+    return (
+        f"<p>Jobs per minute over the last {view.hours} hours ({links}), from the finished jobs the cluster keeps "
+        f"(the newest {view.settings.finished_to_keep}, finished_to_keep: {kept}). Prometheus keeps the whole "
+        "history: see /metrics.</p>"
+        + minute_chart("Finished", finished, since, end, "#3a7", "chart-finished")
+        + minute_chart("Failed (failed, lost, interrupted, dead)", failed, since, end, "#c33", "chart-failed")
+    )
+
+
+def fetch_failures(cluster, overview, view):
+    return cluster.troubled_jobs(FAILURES_SHOWN)
+
+
+def render_failures(jobs, view) -> str:
+    rows = [
+        f'<tr class="failure"><td>{esc(job.project)}</td><td>{esc(job.spider)}</td><td>{esc(job.job)}</td>'
+        f"<td>{esc(job.outcome)}</td><td>{esc(job.reason)}</td><td>{esc(job.node)}</td>"
+        f"<td>{esc(no_microseconds(job.end_time))}</td>"
+        f'<td><a href="{view.base}{esc(log_path(job.project, job.spider, job.job))}">Log</a></td></tr>'
+        for job in jobs
+    ]
+    return table("failures", ["Project", "Spider", "Job", "Outcome", "Reason", "Node", "Ended", "Log"], rows,
+                 "No failures among the kept finished jobs.")
+
+
+SECTIONS = [
+    Section("Nodes", fetch_nodes, render_nodes),
+    Section("Queue by spider", fetch_depth, render_depth),
+    Section("Throughput", fetch_throughput, render_throughput),
+    Section("Newest failures", fetch_failures, render_failures),
+]
+
+
+def table(element_id: str, headers: list[str], rows: list[str], empty: str) -> str:
+    if not rows:
+        return f'<p id="{element_id}">{esc(empty)}</p>'
+    head = "".join(f"<th>{esc(header)}</th>" for header in headers)
+    return f'<table id="{element_id}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n' + "\n".join(rows) + "\n</tbody></table>"
+
+
+def count_text(count: int) -> str:
+    return f"{count:,}+" if count >= COUNT_CAP else f"{count:,}"
+
+
+class DashboardPage(ThreadedPage):
+    def build(self, request) -> bytes:
+        try:
+            hours = min(MAX_HOURS, max(1, int(request.args.get(b"hours", [b""])[0])))
+        except ValueError:
+            hours = DEFAULT_HOURS
+        settings = self.root.settings
+        view = View(self.base_path(request), datetime.datetime.now(), hours, settings)
+        cluster, overview = ClusterStore.for_settings(settings), OverviewStore.for_settings(settings)
+        parts = [render_summary(fetch_summary(cluster, overview, view), view)]
+        for section in SECTIONS:
+            parts.append(f"<h2>{esc(section.title)}</h2>\n" + section.render(section.fetch(cluster, overview, view), view))
+        body = (
+            f'<h1>Cluster dashboard</h1>\n<p><a href="{view.base}/">Go up</a> · <a href="{view.base}/jobs">Jobs</a> · '
+            f'<a href="{view.base}/metrics">Metrics</a> · shown by {esc(self.root.node_name)} at '
+            f"{no_microseconds(view.now)}, refreshed every {REFRESH_SECONDS} s</p>\n" + "\n".join(parts)
+        )
+        return document("Scrapyd dashboard", body, head=f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">',
+                        style=STYLE)

@@ -1,0 +1,180 @@
+"""``/jobs``: Scrapyd's jobs page for the whole cluster.
+
+Pending jobs one page at a time in run order (``?pending_offset=``), the running jobs of every node, and the kept
+finished jobs with their outcome. Scrapyd's columns come first, in Scrapyd's order, with plain ``<td>`` cells under
+``<h1>Jobs</h1>``: ScrapydWeb reads this page by position. Node and Outcome follow them.
+
+Log links: a stored log (finished jobs) and a log file of this node are served here; a running job's log is on its
+node, linked at that node's registered URL. A node whose ``node_url`` is not set registers a URL made of its host
+name, which a browser elsewhere usually cannot resolve (a container's name): the page says so instead of linking.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+from scrapyd_pgqueue.store import ClusterStore, OverviewStore
+from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, log_path, no_microseconds
+
+STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
+EXTRA_HEADERS = ["Node", "Outcome"]
+PENDING_PAGE_SIZE = 100
+
+
+@dataclass
+class JobsData:
+    pending: list
+    more_pending: bool
+    pending_total: int
+    pending_exact: bool
+    running: list
+    finished: list
+    node_urls: dict
+    offset: int
+
+
+class JobsPage(ThreadedPage):
+    @functools.cached_property
+    def headers(self) -> list[str]:
+        headers = list(STOCK_HEADERS)
+        if self.root.local_items:
+            headers.append("Items")
+        if b"cancel.json" in self.root.children:
+            headers.append("Cancel")
+        return headers + EXTRA_HEADERS
+
+    def fetch(self, offset: int) -> JobsData:
+        settings = self.root.settings
+        cluster = ClusterStore.for_settings(settings)
+        counts = cluster.cluster_counts(settings.lease_seconds)
+        pending, more = cluster.pending_page(None, PENDING_PAGE_SIZE, offset)
+        return JobsData(
+            pending, more, counts.pending, counts.pending_exact, cluster.running_jobs(),
+            cluster.finished_jobs(None, settings.finished_to_keep),
+            OverviewStore.for_settings(settings).node_urls(), offset,
+        )
+
+    def build(self, request) -> bytes:
+        try:
+            offset = max(0, int(request.args.get(b"pending_offset", [b"0"])[0]))
+        except ValueError:
+            offset = 0
+        data = self.fetch(offset)
+        base = self.base_path(request)
+        rows = Rows(self, base, data.node_urls)
+        span = len(self.headers)
+        body = f"""<h1>Jobs</h1>
+<p><a href="{base}/">Go up</a> · <a href="{base}/dashboard">Dashboard</a> · every node of the cluster (this page:
+{esc(self.root.node_name)})</p>
+{self.pending_note(data, base)}
+<table id="jobs">
+<thead>
+{row_html(f"<th>{header}</th>" for header in self.headers)}
+</thead>
+<tbody>
+<tr>
+    <th colspan="{span}">Pending</th>
+</tr>
+{"".join(rows.pending(job) for job in data.pending)}
+</tbody>
+<tbody>
+<tr>
+    <th colspan="{span}">Running</th>
+</tr>
+{"".join(rows.running(job) for job in data.running)}
+</tbody>
+<tbody>
+<tr>
+    <th colspan="{span}">Finished</th>
+</tr>
+{"".join(rows.finished(job) for job in data.finished)}
+</tbody>
+</table>"""
+        return document("Scrapyd", body)
+
+    @staticmethod
+    def pending_note(data: JobsData, base: str) -> str:
+        total = f"{data.pending_total:,}" + ("" if data.pending_exact else " (estimated)")
+        first = data.offset + 1 if data.pending else data.offset
+        links = []
+        if data.offset:
+            previous = max(0, data.offset - PENDING_PAGE_SIZE)
+            links.append(f'<a href="{base}/jobs?pending_offset={previous}">previous {PENDING_PAGE_SIZE}</a>')
+        if data.more_pending:
+            following = data.offset + len(data.pending)
+            links.append(f'<a id="next-pending" href="{base}/jobs?pending_offset={following}">next '
+                         f"{PENDING_PAGE_SIZE}</a>")
+        return (f'<p id="pending-note">Pending jobs {first:,}–{data.offset + len(data.pending):,} of {total}, '
+                f"in the order they will run. {' · '.join(links)}</p>")
+
+
+def row_html(cells) -> str:
+    return "<tr>\n" + "\n".join(f"    {cell}" for cell in cells) + "\n</tr>\n"
+
+
+class Rows:
+    """The table's rows: one value per header, escaped here."""
+
+    def __init__(self, page: JobsPage, base: str, node_urls: dict[str, str | None]):
+        self.page, self.base, self.node_urls = page, base, node_urls
+        self.root = page.root
+
+    def row(self, values: dict) -> str:
+        return row_html(f"<td>{'' if values.get(h) is None else values[h]}</td>" for h in self.page.headers)
+
+    def cancel_button(self, project: str, job: str) -> str:
+        return (f'<form method="post" onsubmit="return confirm(\'Are you sure?\');" action="{self.base}/cancel.json">'
+                f'<input type="hidden" name="project" value="{esc(project)}">'
+                f'<input type="hidden" name="job" value="{esc(job)}">'
+                f'<input type="submit" style="float: left;" value="Cancel"></form>')
+
+    def pending(self, job) -> str:
+        job_id = job.message.get("_job", job.job)
+        return self.row({
+            "Project": esc(job.project), "Spider": esc(job.message.get("name")), "Job": esc(job_id),
+            "Cancel": self.cancel_button(job.project, job_id),
+        })
+
+    def running(self, job) -> str:
+        start = no_microseconds(job.start_time)
+        return self.row({
+            "Project": esc(job.project), "Spider": esc(job.spider), "Job": esc(job.job), "PID": esc(job.pid),
+            "Start": esc(start), "Runtime": esc(no_microseconds(datetime.datetime.now() - start) if start else None),
+            "Log": self.log_link(job, stored=False), "Items": self.items_link(job),
+            "Cancel": self.cancel_button(job.project, job.job), "Node": esc(job.node),
+        })
+
+    def finished(self, job) -> str:
+        ran = job.node is not None  # a job cancelled while pending never started
+        start = no_microseconds(job.start_time) if ran else None
+        end = no_microseconds(job.end_time)
+        return self.row({
+            "Project": esc(job.project), "Spider": esc(job.spider), "Job": esc(job.job), "Start": esc(start),
+            "Runtime": esc(end - start if start and end else None), "Finish": esc(end),
+            "Log": self.log_link(job, stored=job.has_log) if ran else None, "Items": self.items_link(job),
+            "Node": esc(job.node), "Outcome": esc(job.outcome),
+        })
+
+    def log_link(self, job, stored: bool) -> str:
+        path = log_path(job.project, job.spider, job.job)
+        if stored or self.root.get_log_url(job) or job.node == self.root.node_name:
+            return f'<a href="{self.base}{esc(path)}">Log</a>'
+        url = self.node_urls.get(job.node)
+        if url is None:
+            return f"on {esc(job.node)}, which is stopped" if not stored else None
+        if url_is_guessed(url, job.node):
+            return f'<span class="no-node-url">on {esc(job.node)}: node_url not set there</span>'
+        return f'<a href="{esc(urljoin(url, path.lstrip("/")))}">Log</a>'
+
+    def items_link(self, job) -> str | None:
+        url = self.root.get_item_url(job)
+        return f'<a href="{self.base}{esc(url)}">Items</a>' if url else None
+
+
+def url_is_guessed(url: str, node: str | None) -> bool:
+    """Whether a node registered the URL made of its host name (no node_url): Scrapyd's node name is the host
+    name too unless set, so the URL's host is the node's name."""
+    return (urlsplit(url).hostname or "") == (node or "").lower()

@@ -1,0 +1,75 @@
+"""``/metrics``: the Prometheus text format. This node's counters and histograms (``scrapyd_pgqueue.metrics``) and
+the cluster's gauges, the same on every node (aggregate them with ``max without (instance)``).
+
+The gauges come from bounded queries (``store/overview.py``): per spider and state counted up to ``COUNT_CAP``;
+the pending total is exact up to ``PENDING_COUNT_CAP``, the planner's estimate beyond. No per-job label.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from scrapyd_pgqueue import metrics
+from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.store import ClusterStore, OverviewStore
+from scrapyd_pgqueue.web.page import ThreadedPage
+
+# The states exported per spider: the waiting and running ones (kept finished jobs are a window, not a state).
+GAUGE_STATES = ("pending", "delayed", "running")
+
+
+class ClusterCollector:
+    """The cluster's gauges, read once per scrape."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def collect(self):
+        up = GaugeMetricFamily("scrapyd_pgqueue_cluster_up", "1 when the cluster's gauges could be read.")
+        try:
+            families = list(self.cluster_families())
+        except DatabaseError:
+            metrics.DATABASE_ERRORS.labels("web").inc()
+            families = []
+        up.add_metric([], 1 if families else 0)
+        yield up
+        yield from families
+
+    def cluster_families(self):
+        cluster = ClusterStore.for_settings(self.settings)
+        overview = OverviewStore.for_settings(self.settings)
+        counts = cluster.cluster_counts(self.settings.lease_seconds)
+        jobs = GaugeMetricFamily("scrapyd_pgqueue_jobs", "Jobs by project, spider and state (counted up to 10,000).",
+                                 labels=["project", "spider", "state"])
+        for depth in overview.depth_by_spider():
+            for state in GAUGE_STATES:
+                if state in depth.counts:
+                    jobs.add_metric([depth.project, depth.spider, state], depth.counts[state])
+        yield jobs
+        yield gauge("scrapyd_pgqueue_pending_jobs", "Pending jobs of the cluster (estimated beyond 10,000).",
+                    counts.pending)
+        yield gauge("scrapyd_pgqueue_running_jobs", "Running jobs of the cluster.", counts.running)
+        yield gauge("scrapyd_pgqueue_live_nodes", "Node processes with a heartbeat within the lease.", counts.nodes)
+        oldest = overview.oldest_pending()
+        age = (datetime.datetime.now() - oldest).total_seconds() if oldest else 0.0
+        yield gauge("scrapyd_pgqueue_oldest_pending_age_seconds",
+                    "Seconds the longest-waiting pending job (at the head of its priority) has waited; 0: none.",
+                    max(age, 0.0))
+        yield gauge("scrapyd_pgqueue_past_due_jobs", "Delayed jobs whose run_at has passed (due, not yet pending).",
+                    overview.past_due())
+
+
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+class MetricsPage(ThreadedPage):
+    content_type = CONTENT_TYPE_LATEST.encode()
+
+    def build(self, request) -> bytes:
+        cluster = CollectorRegistry(auto_describe=False)
+        cluster.register(ClusterCollector(self.root.settings))
+        return generate_latest(metrics.REGISTRY) + generate_latest(cluster)

@@ -1,0 +1,103 @@
+"""What the pages share: each is built in a thread (its store calls are bounded by ``database_timeout``), never on
+the reactor; the layout looks like Scrapyd's own pages; everything from users is escaped."""
+
+from __future__ import annotations
+
+import datetime
+import html
+from urllib.parse import quote
+
+from twisted.internet import threads
+from twisted.logger import Logger
+from twisted.web import resource, server
+
+from scrapyd_pgqueue import metrics
+from scrapyd_pgqueue.db import DatabaseError
+
+log = Logger()
+
+STYLE = """
+    body { font-family: system-ui, sans-serif; }
+    table { border-collapse: collapse; }
+    th, td { border-style: solid; border-width: 1px; }
+    tbody > tr:first-child { background-color: #eee; }
+    th, td { padding: .5rem; }
+    td:nth-child(2), td:nth-child(3) { word-break: break-all; }
+"""
+
+
+def esc(value) -> str:
+    """Text for HTML content and quoted attributes; None is empty."""
+    return "" if value is None else html.escape(str(value), quote=True)
+
+
+def log_path(project: str, spider: str, job: str) -> str:
+    """A job's log under any node's ``/logs/`` (its segments quoted: they come from users)."""
+    return "/logs/" + "/".join(quote(segment, safe="") for segment in (project, spider, f"{job}.log"))
+
+
+def no_microseconds(value):
+    if isinstance(value, datetime.timedelta):
+        return value - datetime.timedelta(microseconds=value.microseconds)
+    return None if value is None else value.replace(microsecond=0)
+
+
+def document(title: str, body: str, *, head: str = "", style: str = "") -> bytes:
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+    <meta charset="utf-8">
+    <meta name="viewport" content="width=device-width, initial-scale=1">
+    <title>{esc(title)}</title>
+    {head}
+    <style>{STYLE}{style}</style>
+</head>
+<body>
+{body}
+</body>
+</html>
+""".encode()
+
+
+class ThreadedPage(resource.Resource):
+    """A GET page built by ``build(request)`` in a thread; a database that does not answer gives a 503 page."""
+
+    isLeaf = True
+    content_type = b"text/html; charset=utf-8"
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def base_path(self, request) -> str:
+        return (request.getHeader(self.root.prefix_header) or "").rstrip("/")
+
+    def build(self, request) -> bytes:  # runs in a thread
+        raise NotImplementedError
+
+    def render_GET(self, request):
+        finished = []
+        request.notifyFinish().addBoth(finished.append)  # the client went away: nothing to write
+        threads.deferToThread(self.build, request).addCallbacks(
+            self._write, self._fail, callbackArgs=(request, finished), errbackArgs=(request, finished)
+        )
+        return server.NOT_DONE_YET
+
+    def _write(self, content: bytes, request, finished) -> None:
+        if finished:
+            return
+        request.setHeader(b"Content-Type", self.content_type)
+        request.setHeader(b"Content-Length", str(len(content)).encode())
+        request.write(content)
+        request.finish()
+
+    def _fail(self, failure, request, finished) -> None:
+        if failure.check(DatabaseError):
+            metrics.DATABASE_ERRORS.labels("web").inc()
+            request.setResponseCode(503)
+            message = f"The job queue is unavailable: {failure.getErrorMessage()}"
+        else:
+            log.failure("Could not build {path}", failure, path=request.path)
+            request.setResponseCode(500)
+            message = "Could not build this page; see the node's log."
+        self._write(document("Scrapyd", f"<h1>Unavailable</h1>\n<p>{esc(message)}</p>"), request, finished)
