@@ -13,10 +13,13 @@ import json
 import re
 import sys
 
+
 # How long a stopped node stays in ``status``: long enough to see a node that just went away.
 RECENTLY_STOPPED_SECONDS = 3600
 TROUBLED_SHOWN = 20
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+# The counts `status` shows per project and spider.
+QUEUE_COUNTS = ("delayed", "pending", "past_due", "running", "dead")
 SECONDS_PER_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -34,13 +37,21 @@ def add_commands(commands, database_url_argument) -> None:
     status.add_argument("--lease-seconds", type=float, default=30.0,
                         help="the nodes' lease_seconds: a node silent this long is shown 'silent' (default 30)")
 
+    status.add_argument("--past-due-seconds", type=float, default=60.0,
+                        help="a pending job waiting this long since it was due counts as past due (default 60)")
+
     for name, run, help_text in (
-        ("requeue", run_requeue, "put a finished (failed, cancelled, lost...) job back to pending"),
+        ("requeue", run_requeue, "put a finished (failed, cancelled, lost, dead...) job back to pending"),
         ("cancel", run_cancel, "cancel a pending job, or stop a running one on whichever node runs it"),
     ):
         parser = command(name, run, help_text)
-        parser.add_argument("job", metavar="JOB", help="the job id (Scrapyd's jobid)")
+        parser.add_argument("job", metavar="JOB", nargs="?" if name == "requeue" else None,
+                            help="the job id (Scrapyd's jobid)")
         parser.add_argument("--project", help="the job's project (needed only when several projects have this id)")
+    requeue = commands.choices["requeue"]
+    requeue.add_argument("--dead", action="store_true",
+                         help="instead of one job: every dead job (out of retries), of --project and --spider if given")
+    requeue.add_argument("--spider", help="with --dead: only this spider's dead jobs")
     cancel = commands.choices["cancel"]
     cancel.add_argument("--signal", default="INT", help="signal for a running crawl (default INT; again: forced)")
 
@@ -55,6 +66,7 @@ def add_commands(commands, database_url_argument) -> None:
     prune.add_argument("--keep", type=int, help="keep only the newest N finished jobs")
     prune.add_argument("--older-than", type=duration, metavar="AGE",
                        help="delete finished jobs that ended more than AGE ago: 90s, 30m, 12h, 7d, 2w")
+
 
 
 def duration(text: str) -> datetime.timedelta:
@@ -125,6 +137,8 @@ def run_status(args) -> int:
 
     store = _store(args)
     pending = store.pending_by_spider()
+    queue = store.counts_by_spider(args.past_due_seconds)
+    totals = {key: sum(group[key] for group in queue) for key in QUEUE_COUNTS}
     running = store.running_jobs()
     nodes = store.nodes(lease_seconds=args.lease_seconds, recent_seconds=RECENTLY_STOPPED_SECONDS)
     outcomes = store.outcome_counts()
@@ -133,6 +147,7 @@ def run_status(args) -> int:
     if args.json:
         _print_json({
             "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
+            "queue": {"totals": totals, "by_spider": queue},
             "running": {"total": len(running), "jobs": running},
             "nodes": nodes,
             "finished": {"total": sum(outcomes.values()), "by_outcome": outcomes},
@@ -146,6 +161,11 @@ def run_status(args) -> int:
     if pending:
         print(table(["PROJECT", "SPIDER", "PENDING", "OLDEST"],
                     [(g["project"], g["spider"], g["pending"], _when(g["oldest"])) for g in pending]))
+    if any(totals[key] for key in ("delayed", "past_due", "dead")):
+        counted = ", ".join(f"{key.replace('_', ' ')} {totals[key]}" for key in QUEUE_COUNTS)
+        print(f"\nBy spider: {counted}")
+        print(table(["PROJECT", "SPIDER", *(key.upper().replace("_", " ") for key in QUEUE_COUNTS)],
+                    [(g["project"], g["spider"], *(g[key] for key in QUEUE_COUNTS)) for g in queue]))
     print(f"\nRunning: {len(running)}")
     if running:
         print(table(["NODE", "PROJECT", "SPIDER", "JOB", "PID", "STARTED"],
@@ -174,6 +194,12 @@ def run_status(args) -> int:
 def run_requeue(args) -> int:
     from scrapyd_pgqueue.store import DuplicateJobError, JobNotFoundError
 
+    if args.dead == (args.job is not None):
+        return _fail("give a JOB, or --dead for every dead job")
+    if args.dead:
+        return _requeue_dead(args)
+    if args.spider:
+        return _fail("--spider goes with --dead")
     store = _store(args)
     project = _resolve_project(store, args)
     if project is None:
@@ -186,6 +212,17 @@ def run_requeue(args) -> int:
         _print_json({"project": project, "job": args.job, "status": "pending"})
     else:
         print(f"Job {args.job} of project {project} is pending again.")
+    return 0
+
+
+def _requeue_dead(args) -> int:
+    requeued = _store(args).requeue_dead(args.project, args.spider)
+    if args.json:
+        _print_json({"requeued": [{"project": project, "job": job} for project, job in requeued]})
+    else:
+        print(f"{len(requeued)} dead job{'s' if len(requeued) != 1 else ''} pending again.")
+        for project, job in requeued:
+            print(f"  {project} {job}")
     return 0
 
 
@@ -256,7 +293,7 @@ def run_enqueue(args) -> int:
 
     def store_batch(batch) -> None:
         try:
-            store.enqueue_many(args.project, [(job.message, job.priority) for _, job in batch])
+            store.enqueue_many(args.project, [(job.message, job.priority, job.options) for _, job in batch])
         except (DuplicateJobError, InvalidJobError) as e:
             index, _, reason = str(e).partition(": ")
             line = batch[int(index.split()[-1])][0] if index.startswith("job ") else batch[0][0]

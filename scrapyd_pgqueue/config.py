@@ -53,6 +53,12 @@ class Settings:
     # What a node does with its crawls once it could not renew its lease for too long: keep them, or stop them
     # before another node may take their jobs over.
     on_lease_lost: str = "keep"
+    # Scrapyd's poll_interval: the tick of the poller, the floor under NOTIFY and delayed jobs' timers.
+    poll_interval: float = 5.0
+    # Retries of a failed crawl when schedule.json gives no _retries.
+    default_retries: int = 0
+    # Seconds a pending job may wait to be claimed before the counts call it past due.
+    past_due_seconds: float = 60.0
 
     @property
     def stop_deadline(self) -> float:
@@ -114,6 +120,9 @@ def settings(config=None) -> Settings:
         database_timeout=number("database_timeout", 30.0),
         listen_url=os.environ.get(LISTEN_URL_VARIABLE) or _get(config, LISTEN_URL_OPTION, ""),
         on_lease_lost=on_lease_lost,
+        poll_interval=number("poll_interval", 5.0),
+        default_retries=number("default_retries", 0, int),
+        past_due_seconds=number("past_due_seconds", 60.0),
     )
     if result.database_pool_size < 1:
         raise ConfigurationError("'database_pool_size' must be at least 1")

@@ -6,17 +6,30 @@ No Twisted here: the operator command uses it too. The web services turn ``Refus
 
 from __future__ import annotations
 
+import datetime
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from scrapyd_pgqueue.store import MAX_NAME_BYTES
+from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, JobOptions
 
 # Jobs one schedule_batch.json request may carry (the command streams any number, in batches of this size).
 MAX_BATCH_JOBS = 10_000
+# schedule.json's scheduling fields and the batch job object's keys for them (JobOptions); never spider arguments.
+OPTION_FIELDS = {
+    "_run_at": "run_at",
+    "_delay": "delay",
+    "_unique_key": "unique_key",
+    "_on_conflict": "on_conflict",
+    "_retries": "retries",
+    "_retry_delay": "retry_delay",
+}
 # The keys of a batch's job object.
-JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version"}
+JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()}
+# Retries and delays beyond these are mistakes, not plans (2 ** 30 backoffs overflow any interval).
+MAX_RETRIES = 30
+MAX_DELAY_SECONDS = 10 * 365 * 86400
 
 
 class RefusedJob(ValueError):
@@ -31,7 +44,7 @@ MAX_CRAWL_ARGUMENTS_TOTAL_BYTES = 1024 * 1024
 # A job id names the job's log file, <jobid>.log, and file names are at most 255 bytes.
 MAX_JOB_ID_BYTES = 200
 # Form fields schedule.json reads itself; every other field is a spider argument.
-SCHEDULE_PARAMETERS = {"project", "spider", "_version", "jobid", "priority", "setting"}
+SCHEDULE_PARAMETERS = {"project", "spider", "_version", "jobid", "priority", "setting", *OPTION_FIELDS}
 # Keys the job's message uses for itself: a spider argument of that name would clash with them.
 RESERVED_ARGUMENTS = {"name", "settings", "_job", "_project", "_spider"}
 
@@ -92,6 +105,7 @@ def check_fields(fields: dict[str, list[str]]) -> None:
         if not name or "=" in name:
             raise RefusedJob(f"spider argument names may not be empty or contain '=', not {_shown(name)}")
         pairs.append((f"argument {_shown(name)}", f"{name}={values[0]}"))
+    options_from_fields({name: values[0] for name, values in fields.items() if name in OPTION_FIELDS})
     total = 0
     for what, pair in pairs:
         size = len(pair.encode())
@@ -116,9 +130,70 @@ class JobRequest:
     version: str | None
     priority: float
     message: dict[str, Any]  # as schedule.json makes it: spider arguments, name, _job, settings, _version
+    options: JobOptions = field(default_factory=JobOptions)
 
 
-def job_from_json(job: Any) -> JobRequest:
+def options_from_fields(fields: dict[str, str], default_retries: int = 0) -> JobOptions:
+    """The scheduling fields of schedule.json (``_run_at``, ``_delay``, ...; RefusedJob when invalid)."""
+    return _options({key: fields[name] for name, key in OPTION_FIELDS.items() if name in fields}, default_retries)
+
+
+def _options(given: dict[str, Any], default_retries: int) -> JobOptions:
+    """JobOptions from the options' values by key (strings from a form, or JSON values from a batch)."""
+    if given.get("run_at") is not None and given.get("delay") is not None:
+        raise RefusedJob("give run_at or delay, not both")
+    on_conflict = given.get("on_conflict", ON_CONFLICT[0])
+    if on_conflict not in ON_CONFLICT:
+        raise RefusedJob(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {_shown(str(on_conflict))}")
+    unique_key = given.get("unique_key")
+    if unique_key is not None:
+        unique_key = _text("unique_key", unique_key)
+        if len(unique_key.encode()) > MAX_NAME_BYTES:
+            raise RefusedJob(f"unique_key is longer than {MAX_NAME_BYTES} bytes")
+    retries = default_retries if given.get("retries") is None else _number("retries", given["retries"], integer=True)
+    if not 0 <= retries <= MAX_RETRIES:
+        raise RefusedJob(f"retries must be between 0 and {MAX_RETRIES}, not {retries}")
+    delay = None if given.get("delay") is None else _number("delay", given["delay"])
+    retry_delay = 0.0 if given.get("retry_delay") is None else _number("retry_delay", given["retry_delay"])
+    for what, seconds in (("delay", delay), ("retry_delay", retry_delay)):
+        if seconds is not None and not 0 <= seconds <= MAX_DELAY_SECONDS:
+            raise RefusedJob(f"{what} must be between 0 and {MAX_DELAY_SECONDS} seconds, not {seconds}")
+    run_at = None if given.get("run_at") is None else parse_run_at(given["run_at"])
+    return JobOptions(run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0))
+
+
+def parse_run_at(value: Any) -> float:
+    """A time as Unix seconds: ISO 8601 with its UTC offset ("2026-11-23T14:00:00+01:00", "...Z"), or Unix seconds."""
+    if isinstance(value, str):
+        try:
+            return _number("run_at", value)
+        except RefusedJob:
+            pass
+        try:
+            moment = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            raise RefusedJob(f"run_at must be ISO 8601 with an offset or Unix seconds, not {_shown(value)}") from None
+        if moment.tzinfo is None:
+            raise RefusedJob(f"run_at needs a UTC offset (+00:00 or Z): {_shown(value)}")
+        return moment.timestamp()
+    return _number("run_at", value)
+
+
+def _number(what: str, value: Any, integer: bool = False) -> float:
+    """A finite number from a form's string or a JSON number (an integer where ``integer``)."""
+    if isinstance(value, bool):
+        raise RefusedJob(f"{what} must be a number, not {_shown(str(value))}")
+    if isinstance(value, str):
+        try:
+            value = int(value) if integer else float(value)
+        except ValueError:
+            raise RefusedJob(f"{what} must be {'an integer' if integer else 'a number'}, not {_shown(value)}") from None
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or (integer and value != int(value)):
+        raise RefusedJob(f"{what} must be {'an integer' if integer else 'a finite number'}, not {_shown(str(value))}")
+    return int(value) if integer else float(value)
+
+
+def job_from_json(job: Any, default_retries: int = 0) -> JobRequest:
     """A batch's job object ({"spider", "priority", "jobid", "args", "settings", "version"}) checked by the same
     rules as schedule.json's fields, as the message schedule.json would have queued."""
     if not isinstance(job, dict):
@@ -142,10 +217,11 @@ def job_from_json(job: Any) -> JobRequest:
             raise RefusedJob(f"{_shown(name)} is a field of the job, not a spider argument")
         fields[name] = [value]
     check_fields(fields)
+    options = _options({key: job[key] for key in OPTION_FIELDS.values() if key in job}, default_retries)
     message = {**args, "name": spider, "_job": jobid, "settings": settings}
     if version is not None:
         message["_version"] = version
-    return JobRequest(spider, version, float(priority), message)
+    return JobRequest(spider, version, float(priority), message, options)
 
 
 def _text(what: str, value: Any) -> str:

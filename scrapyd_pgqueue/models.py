@@ -23,13 +23,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-PENDING, ONGOING, TERMINATED = "pending", "ongoing", "terminated"
-STATUSES = (PENDING, ONGOING, TERMINATED)
+# A delayed job waits for its run_at (_run_at, _delay, a retry's backoff); the API shows it as pending.
+DELAYED, PENDING, ONGOING, TERMINATED = "delayed", "pending", "ongoing", "terminated"
+STATUSES = (DELAYED, PENDING, ONGOING, TERMINATED)
 
 # How a terminated job ended. "lost": recovery gave up after max_attempts claims by nodes that died;
-# "interrupted": its node stopped (SIGTERM) before the crawl ended; "cancelled": cancel.json.
-FINISHED, FAILED, CANCELLED, LOST, INTERRUPTED = "finished", "failed", "cancelled", "lost", "interrupted"
-OUTCOMES = (FINISHED, FAILED, CANCELLED, LOST, INTERRUPTED)
+# "interrupted": its node stopped (SIGTERM) before the crawl ended; "cancelled": cancel.json; "dead": it failed
+# once more than its _retries allowed (requeue --dead sends it back).
+FINISHED, FAILED, CANCELLED, LOST, INTERRUPTED, DEAD = "finished", "failed", "cancelled", "lost", "interrupted", "dead"
+OUTCOMES = (FINISHED, FAILED, CANCELLED, LOST, INTERRUPTED, DEAD)
 
 
 class Base(DeclarativeBase):
@@ -65,6 +67,14 @@ class SpiderJob(Base):
     created_time: Mapped[datetime.datetime] = mapped_column(DateTime)
     start_time: Mapped[datetime.datetime | None] = mapped_column(DateTime)
     end_time: Mapped[datetime.datetime | None] = mapped_column(DateTime)
+    # Scheduling (0004): when a delayed job is due (database clock), its unique key among waiting jobs, retries
+    # allowed after failures and the backoff's base, failures so far, and the periodic job that fired it.
+    run_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    retries: Mapped[int] = mapped_column(server_default=text("0"))
+    retry_delay: Mapped[float] = mapped_column(server_default=text("0"))
+    failures: Mapped[int] = mapped_column(server_default=text("0"))
+    periodic: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"status IN {STATUSES}", name="spider_job_status_check"),
@@ -75,8 +85,28 @@ class SpiderJob(Base):
             "project",
             "job",
             unique=True,
-            postgresql_where=text("status IN ('pending', 'ongoing')"),
+            postgresql_where=text("status IN ('delayed', 'pending', 'ongoing')"),
         ),
+        # Due delayed jobs, earliest first (the claim reads its head).
+        Index("spider_job_delayed_idx", "run_at", postgresql_where=text("status = 'delayed'")),
+        # _unique_key: one waiting job per key and project.
+        Index(
+            "spider_job_waiting_unique_key",
+            "project",
+            "unique_key",
+            unique=True,
+            postgresql_where=text("status IN ('delayed', 'pending') AND unique_key IS NOT NULL"),
+        ),
+        # Per-spider limits: a limited spider's next pending jobs, and its running ones.
+        Index(
+            "spider_job_pending_spider_idx",
+            "project",
+            "spider",
+            text("priority DESC"),
+            "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index("spider_job_ongoing_spider_idx", "project", "spider", postgresql_where=text("status = 'ongoing'")),
         # Claim order across projects: a claim reads the head of this index, whatever the backlog.
         Index(
             "spider_job_pending_idx",
@@ -138,3 +168,48 @@ class JobLog(Base):
     log: Mapped[bytes] = mapped_column(LargeBinary)
     size: Mapped[int] = mapped_column(BigInteger)  # of the whole log file, before the cap
     created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+
+
+class SpiderLimit(Base):
+    """At most ``max_running`` crawls of one spider at once in the whole cluster (migration 0004)."""
+
+    __tablename__ = "spider_limit"
+
+    project: Mapped[str] = mapped_column(Text, primary_key=True)
+    spider: Mapped[str] = mapped_column(Text, primary_key=True)
+    max_running: Mapped[int]
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+
+    __table_args__ = (CheckConstraint("max_running > 0", name="spider_limit_max_running_check"),)
+
+
+class PeriodicJob(Base):
+    """A job fired by a cron expression or every N seconds by whichever node is alive (migration 0004)."""
+
+    __tablename__ = "periodic_job"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    project: Mapped[str] = mapped_column(Text)
+    spider: Mapped[str] = mapped_column(Text)
+    cron: Mapped[str | None] = mapped_column(Text)
+    timezone: Mapped[str] = mapped_column(Text, server_default=text("'UTC'"))
+    every_seconds: Mapped[float | None]
+    priority: Mapped[float] = mapped_column(server_default=text("0"))
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    settings: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    overlap: Mapped[str] = mapped_column(Text, server_default=text("'skip'"))  # skip | queue
+    paused: Mapped[bool] = mapped_column(server_default=text("false"))
+    # The compare-and-set of a firing: only the node that moves next_fire_time on from the value it read fires.
+    next_fire_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True))
+    last_fire_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+    last_job_id: Mapped[int | None] = mapped_column(BigInteger)  # spider_job.id of the last firing (overlap)
+    last_job: Mapped[str | None] = mapped_column(Text)
+    fired: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    skipped: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+
+    __table_args__ = (
+        CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="periodic_job_cron_or_every_check"),
+        CheckConstraint("every_seconds IS NULL OR every_seconds > 0", name="periodic_job_every_check"),
+        CheckConstraint("overlap IN ('skip', 'queue')", name="periodic_job_overlap_check"),
+    )

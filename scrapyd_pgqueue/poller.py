@@ -3,7 +3,8 @@
 Scrapyd's QueuePoller walks projects, counts each queue every tick and stops for good the first time a
 shared queue's ``pop()`` returns None or raises. This poller claims as many jobs as the node has free slots,
 across every project it can run, in one statement in global priority order; a tick with nothing to do is
-one index probe, whatever the number of projects.
+one index probe, whatever the number of projects. Delayed jobs are claimed on time: each claim says when the next
+one is due, and the poller claims again then (the claim makes them pending; the NOTIFY it sends wakes every node).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class PostgresPoller:
         self.accepting = True
         self.listening = False
         self.claim_errors = ThrottledLog(lambda message: log.error("{message}", message=message))
+        self.due_timer = None  # a claim at the time the next delayed job is due
         self.update_projects()
 
     def update_projects(self):
@@ -72,7 +74,7 @@ class PostgresPoller:
         if not free_slots or not projects:
             return defer.succeed([])
         return threads.deferToThread(
-            self.store.claim_next_jobs,
+            self.store.claim,
             projects,
             free_slots,
             node=self.settings.node_name,
@@ -88,7 +90,10 @@ class PostgresPoller:
                                      key="claim")
             return None  # no immediate retry: a database that is away would be hammered
         self.claim_errors.clear("claim")
-        for claimed in result:
+        if result:
+            claim_again = claim_again or result.became_due > 0  # pending now, claimable by the next claim
+            self.claim_when_due(result.next_due_in)
+        for claimed in getattr(result, "jobs", result):
             metrics.CLAIMS.inc()
             message = dict(claimed.message)
             message["_project"] = claimed.project
@@ -99,6 +104,16 @@ class PostgresPoller:
         if claim_again:
             return self.poll()
         return None
+
+    def claim_when_due(self, seconds: float | None) -> None:
+        """Claim again when the next delayed job is due (the regular tick stays the floor)."""
+        from twisted.internet import reactor
+
+        if self.due_timer is not None and self.due_timer.active():
+            self.due_timer.cancel()
+        self.due_timer = None
+        if seconds is not None and seconds < self.settings.poll_interval and self.accepting:
+            self.due_timer = reactor.callLater(max(seconds, 0.0) + 0.01, self.poll)
 
     def take_claim(self, message) -> ClaimedJob | None:
         """The claim behind a message this poller handed out (the launcher makes its writes conditional on it)."""

@@ -5,6 +5,7 @@ from zope.interface import implementer
 from scrapyd.interfaces import ISpiderQueue
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.application import warn_half_configuration
+from scrapyd_pgqueue.job_requests import OPTION_FIELDS, options_from_fields
 from scrapyd_pgqueue.store import JobStore
 
 
@@ -15,12 +16,16 @@ class PostgresSpiderQueue:
         settings = pgconfig.settings(config)
         self.store = JobStore.for_settings(settings)
         self.node = settings.node_name
+        self.default_retries = settings.default_retries
         self.project = project
 
     def add(self, name, priority=0.0, **spider_args):
-        message = spider_args.copy()
+        """Enqueue; the scheduling fields (_run_at, _unique_key, ...) become the job's options, not arguments."""
+        message = {key: value for key, value in spider_args.items() if key not in OPTION_FIELDS}
         message["name"] = name
-        self.store.enqueue(self.project, message, priority)
+        options = options_from_fields({key: spider_args[key] for key in OPTION_FIELDS if key in spider_args},
+                                      self.default_retries)
+        return self.store.enqueue(self.project, message, priority, options)
 
     def pop(self):
         claimed = self.store.claim_next_jobs([self.project], 1, node=self.node, worker=pgconfig.WORKER_ID)

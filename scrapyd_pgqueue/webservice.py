@@ -12,18 +12,25 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import uuid
 from urllib.parse import quote, urljoin
 
 from twisted.web import error, http, resource
 
 from scrapyd.exceptions import DirectoryTraversalError
 from scrapyd.utils import get_file_path
-from scrapyd.webservice import Schedule as ScrapydSchedule
 from scrapyd.webservice import WsResource, param, spider_list
 from scrapyd.website import File
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.job_requests import MAX_BATCH_JOBS, RefusedJob, check_form, job_from_json
+from scrapyd_pgqueue.job_requests import (
+    MAX_BATCH_JOBS,
+    OPTION_FIELDS,
+    RefusedJob,
+    check_form,
+    job_from_json,
+    options_from_fields,
+)
 from scrapyd_pgqueue.store import SIGNAL_NAMES, ClusterStore, DuplicateJobError, InvalidJobError, JobStore
 
 
@@ -107,6 +114,8 @@ class ListJobs(ClusterResource):
             "version": message.get("_version"),
             "settings": message.get("settings", {}),
             "args": {k: v for k, v in message.items() if k not in ("name", "_job", "_version", "settings")},
+            # A delayed job's due time (ISO 8601, UTC offset); null for a job that runs as soon as a slot frees.
+            "run_at": None if job.run_at is None else job.run_at.isoformat(),
         }
 
     def running_entry(self, job):
@@ -140,7 +149,7 @@ class DaemonStatus(ClusterResource):
     """This node as Scrapyd reports it (running: its own crawls), and the cluster under ``cluster``."""
 
     def render_GET(self, txrequest):
-        cluster = self.store.cluster_counts(self.settings.lease_seconds)
+        cluster = self.store.cluster_counts(self.settings.lease_seconds, self.settings.past_due_seconds)
         return {
             "pending": cluster.pending,
             "running": len(self.root.launcher.processes),
@@ -211,19 +220,46 @@ class Logs(resource.Resource):
         return resource.NoResource("No such log.").render(request)
 
 
-class Schedule(ScrapydSchedule, DatabaseErrorsAsMessages):
-    """schedule.json that refuses, with a plain message, what the queue cannot store or a crawl cannot start.
+class Schedule(ClusterResource):
+    """schedule.json as Scrapyd's (same fields, checks and answer), refusing with a plain message what the queue
+    cannot store or a crawl cannot start, and taking the scheduling fields (``_run_at``, ``_delay``, ``_unique_key``,
+    ``_on_conflict``, ``_retries``, ``_retry_delay``), none of which reaches the spider.
 
     Scrapyd's own accepts a 1 MB argument, a NUL byte or a duplicate job id, and the job then fails when it is
-    started, or the request ends in an exception's class name.
+    started, or the request ends in an exception's class name. The answer is the job's id: for a unique key held by
+    a waiting job, that job's, with ``"existing": true``.
     """
 
     def render_POST(self, txrequest):
         try:
             check_form(txrequest.args)
-            return super().render_POST(txrequest)
+            fields = {name.decode(): values[0].decode() for name, values in txrequest.args.items()}
+            options = options_from_fields(fields, self.settings.default_retries)
+            for name in OPTION_FIELDS:
+                txrequest.args.pop(name.encode(), None)
+            return self.schedule(txrequest, options)
         except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
             raise _refuse(str(e)) from e
+
+    @param("project")
+    @param("spider")
+    @param("_version", dest="version", required=False, default=None)
+    @param("jobid", required=False, default=lambda: uuid.uuid1().hex)
+    @param("priority", required=False, default=0, type=float)
+    @param("setting", required=False, default=list, multiple=True)
+    def schedule(self, txrequest, options, project, spider, version, jobid, priority, setting):
+        """Scrapyd 1.6's Schedule.render_POST, enqueuing with the options and answering where the job went."""
+        self.check_project(project)
+        if version and self.root.eggstorage.get(project, version) == (None, None):
+            raise error.Error(code=http.OK, message=b"version '%b' not found" % version.encode())
+        if spider not in spider_list.get(project, version, runner=self.root.runner):
+            raise error.Error(code=http.OK, message=b"spider '%b' not found" % spider.encode())
+        message = {key.decode(): values[0].decode() for key, values in txrequest.args.items()}
+        if version is not None:
+            message["_version"] = version
+        message.update(name=spider, settings=dict(s.split("=", 1) for s in setting), _job=jobid)
+        enqueued = JobStore.for_settings(self.settings).enqueue(project, message, priority, options)
+        return {"jobid": enqueued.job, **({"existing": True} if enqueued.existing else {})}
 
 
 def _refuse(message: str):
@@ -255,15 +291,18 @@ class ScheduleBatch(ClusterResource):
             jobs = []
             for index, job in enumerate(body["jobs"]):
                 try:
-                    jobs.append(job_from_json(job))
+                    jobs.append(job_from_json(job, self.settings.default_retries))
                 except RefusedJob as e:
                     raise RefusedJob(f"job {index}: {e}") from None
             self.check_spiders(project, jobs)
             store = JobStore.for_settings(self.settings)
-            store.enqueue_many(project, [(job.message, job.priority) for job in jobs])
+            enqueued = store.enqueue_many(project, [(job.message, job.priority, job.options) for job in jobs])
         except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
             raise _refuse(str(e)) from e
-        return {"jobids": [job.message["_job"] for job in jobs]}
+        answer = {"jobids": [job.job for job in enqueued]}
+        if any(job.existing for job in enqueued):
+            answer["existing"] = [job.existing for job in enqueued]
+        return answer
 
     def check_spiders(self, project, jobs) -> None:
         """As schedule.json does for one job: each version exists, each spider is in its version's list."""

@@ -106,6 +106,7 @@ def test_status_shows_the_queue_at_a_glance(database_url, busy_queue):
 def test_status_of_an_empty_queue(database_url):
     assert run_json(database_url, "status") == {
         "pending": {"total": 0, "by_spider": []},
+        "queue": {"totals": {"delayed": 0, "pending": 0, "past_due": 0, "running": 0, "dead": 0}, "by_spider": []},
         "running": {"total": 0, "jobs": []},
         "nodes": [],
         "finished": {"total": 0, "by_outcome": {}},

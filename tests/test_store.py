@@ -87,7 +87,7 @@ def test_a_small_project_behind_a_large_backlog_is_claimed_from_its_own_index(da
         )
         cursor.execute("ANALYZE spider_job")
     store.enqueue("small", {"name": "s", "_job": "mine"}, priority=-1)
-    params = {"project": "small", "limit": 1, "node": "n", "worker": "w", "now": None}
+    params = {"project": "small", "limit": 1, "node": "n", "worker": "w", "now": None, "channel": "c"}
     with store.engine.begin() as connection:
         plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.CLAIM_NEXT_JOBS_OF_PROJECT.text), params).scalars())
     assert "spider_job_pending_project_idx" in plan, plan

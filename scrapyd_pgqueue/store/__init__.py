@@ -9,7 +9,8 @@ Each query is a named ``text(...)`` constant, with a comment saying why, next to
 One module per concern:
 
 - ``base``: what the others share: channels, limits, errors, shared rows, the operations' helpers.
-- ``queue``: enqueue, claim, pending jobs, start, finish, prune, terminated jobs, notify (``JobStore``).
+- ``queue``: enqueue (delayed, unique), claim (due jobs, per-spider limits), waiting jobs, notify (``JobStore``).
+- ``finishing``: start, finish or retry, prune, terminated jobs (``JobEnds``, in ``JobStore``).
 - ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
 - ``cluster``: the whole cluster's view for the web services: status, lists, counts, cancel, logs (``ClusterStore``).
 - ``admin``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
@@ -22,13 +23,20 @@ from __future__ import annotations
 from scrapyd_pgqueue.store.admin import NodeRow
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
+    ERROR,
+    KEEP,
     MAX_NAME_BYTES,
+    NO_OPTIONS,
+    ON_CONFLICT,
+    REPLACE,
     NOTIFY_CHANNEL,
     PROJECTS_CHANNEL,
     ClaimedJob,
     DuplicateJobError,
+    Enqueued,
     InvalidJobError,
     JobNotFoundError,
+    JobOptions,
     JobRow,
 )
 from scrapyd_pgqueue.store.cluster import (
@@ -45,7 +53,7 @@ from scrapyd_pgqueue.store.cluster import (
 from scrapyd_pgqueue.store.eggs import EggStore
 from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
-from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS_OF_PROJECT, JobStore, notify_through_pool
+from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS_OF_PROJECT, Claim, JobStore, notify_through_pool
 
 __all__ = [
     # channels and limits
@@ -56,12 +64,21 @@ __all__ = [
     "PENDING_COUNT_CAP",
     "SIGNAL_NAMES",
     "COUNT_CAP",
+    # scheduling options
+    "JobOptions",
+    "NO_OPTIONS",
+    "ON_CONFLICT",
+    "REPLACE",
+    "KEEP",
+    "ERROR",
     # errors
     "DuplicateJobError",
     "InvalidJobError",
     "JobNotFoundError",
     # rows
     "ClaimedJob",
+    "Claim",
+    "Enqueued",
     "ReleasedJob",
     "JobRow",
     "PendingJob",

@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.store.base import (
+    KEY_UNLESS_TAKEN,
     JOB_STATUS,
     NOTIFY_CHANNEL,
     DuplicateJobError,
@@ -40,6 +41,45 @@ PENDING_BY_SPIDER = text("""
     WHERE status = 'pending'
     GROUP BY project, spider
     ORDER BY project, spider
+""")
+
+# Per project and spider: delayed, pending, past due (pending for :past_due seconds since it was due), running and
+# dead jobs (a full pass over the waiting, running and dead rows: the operator command, not a hot path).
+COUNTS_BY_SPIDER = text("""
+    SELECT project, spider,
+           count(*) FILTER (WHERE status = 'delayed') AS delayed,
+           count(*) FILTER (WHERE status = 'pending') AS pending,
+           count(*) FILTER (WHERE status = 'pending' AND coalesce(run_at, CAST(created_time AS timestamptz))
+                                                         < now() - make_interval(secs => :past_due)) AS past_due,
+           count(*) FILTER (WHERE status = 'ongoing') AS running,
+           count(*) FILTER (WHERE outcome = 'dead') AS dead
+    FROM spider_job
+    WHERE status IN ('delayed', 'pending', 'ongoing') OR (status = 'terminated' AND outcome = 'dead')
+    GROUP BY project, spider
+    ORDER BY project, spider
+""")
+
+# Send dead jobs (of :project and :spider, all when NULL) back to pending with their failures forgotten, as they
+# were scheduled (their message); a job id that waits or runs again meanwhile is left dead. Wakes idle nodes.
+REQUEUE_DEAD = text(f"""
+    WITH requeued AS (
+        UPDATE spider_job AS j
+        SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
+            pid = NULL, start_time = NULL, end_time = NULL, run_at = NULL, failures = 0, created_time = :now,
+            cancel_requested = false, cancel_requests = 0, cancel_signal = NULL,
+            unique_key = {KEY_UNLESS_TAKEN.format(row="j")}
+        WHERE status = 'terminated' AND outcome = 'dead' AND message IS NOT NULL
+          AND (CAST(:project AS text) IS NULL OR project = :project)
+          AND (CAST(:spider AS text) IS NULL OR spider = :spider)
+          AND NOT EXISTS (
+              SELECT 1 FROM spider_job AS live
+              WHERE live.project = j.project AND live.job = j.job AND live.status IN ('delayed', 'pending', 'ongoing')
+          )
+        RETURNING j.id, j.project, j.job
+    ), woken AS (
+        SELECT pg_notify(:channel, project) FROM (SELECT DISTINCT project FROM requeued) AS p
+    )
+    SELECT id, project, job FROM requeued, (SELECT count(*) FROM woken) AS notified
 """)
 
 # Node processes not stopped, and those stopped within :recent_seconds, each with its running jobs and its state.
@@ -123,6 +163,19 @@ class OperatorQueries:
     def pending_by_spider(self) -> list[dict[str, Any]]:
         with db.autocommit(self.engine) as connection:
             return [dict(row._mapping) for row in connection.execute(PENDING_BY_SPIDER)]
+
+    @database_errors
+    def counts_by_spider(self, past_due_seconds: float = 60.0) -> list[dict[str, Any]]:
+        with db.autocommit(self.engine) as connection:
+            rows = connection.execute(COUNTS_BY_SPIDER, {"past_due": float(past_due_seconds)})
+            return [dict(row._mapping) for row in rows]
+
+    @database_errors
+    def requeue_dead(self, project: str | None = None, spider: str | None = None) -> list[tuple[str, str]]:
+        """Send dead jobs back to pending; return their (project, job)."""
+        params = {"project": project, "spider": spider, "now": now(), "channel": NOTIFY_CHANNEL}
+        with db.autocommit(self.engine) as connection:
+            return [(row.project, row.job) for row in connection.execute(REQUEUE_DEAD, params)]
 
     @database_errors
     def nodes(self, *, lease_seconds: float, recent_seconds: float = 3600.0) -> list[NodeRow]:

@@ -38,6 +38,36 @@ class JobNotFoundError(LookupError):
     """No job with this id (in this project) is in the state the operation needs."""
 
 
+# What a second schedule of a waiting job's unique key does (_on_conflict).
+REPLACE, KEEP, ERROR = "replace", "keep", "error"
+ON_CONFLICT = (REPLACE, KEEP, ERROR)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """How a job is scheduled, beside what it runs (none of it reaches the spider)."""
+
+    run_at: float | None = None  # Unix seconds; or
+    delay: float | None = None  # seconds from now, on the database's clock
+    unique_key: str | None = None  # one waiting job per key and project
+    on_conflict: str = REPLACE
+    retries: int = 0  # runs again after this many failures at most, then ends "dead"
+    retry_delay: float = 0.0  # the backoff's base: retry n waits retry_delay * 2 ** (n - 1)
+    periodic: str | None = None  # the periodic job that fired it
+
+
+NO_OPTIONS = JobOptions()
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """Where a scheduled job went: its row and job id, which are an existing waiting job's for a unique key."""
+
+    id: int
+    job: str
+    existing: bool = False
+
+
 @dataclass(frozen=True)
 class ClaimedJob:
     id: int
@@ -76,6 +106,16 @@ JOB_STATUS = text("""
     ORDER BY id DESC
     LIMIT 1
 """)
+
+# A job going back to waiting keeps its unique key unless a new waiting job of the project took it meanwhile (a
+# running job does not hold its key): SET unique_key = KEY_UNLESS_TAKEN.format(row=<the updated table's alias>).
+KEY_UNLESS_TAKEN = """
+    CASE WHEN EXISTS (
+        SELECT 1 FROM spider_job AS waiting
+        WHERE waiting.project = {row}.project AND waiting.unique_key = {row}.unique_key
+          AND waiting.status IN ('delayed', 'pending')
+    ) THEN NULL ELSE {row}.unique_key END
+"""
 
 # --- operations ------------------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ class PendingJob:
     project: str
     job: str
     message: dict[str, Any]
+    run_at: datetime.datetime | None = None  # a delayed job's due time
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class ClusterCounts:
     running: int
     finished: int
     nodes: int  # live ones: not stopped, heartbeat within the lease
+    delayed: int = 0  # waiting for their time (capped like pending)
+    past_due: int = 0  # pending for longer than past_due_seconds since due (capped like pending)
+    dead: int = 0  # out of retries, kept until requeued
 
 
 @dataclass(frozen=True)
@@ -84,12 +88,20 @@ class StoredLog:
     node_url: str | None
 
 
-# One page of pending jobs (of :project, all when NULL) in claim order: spider_job_pending_idx (or the per-project
-# index) read from :offset, so a page costs its size plus the offset, never the whole backlog.
+# One page of waiting jobs (of :project, all when NULL) in run order: pending ones in claim order, then delayed ones
+# by due time. Each part reads the head of its index (spider_job_pending_idx or the per-project one;
+# spider_job_delayed_idx) up to :offset + :limit rows, so a page costs its size plus the offset, never the backlog.
 PENDING_PAGE = text("""
-    SELECT project, job, message FROM spider_job
-    WHERE status = 'pending' AND (CAST(:project AS text) IS NULL OR project = :project)
-    ORDER BY priority DESC, id
+    SELECT project, job, message, run_at FROM (
+        (SELECT 0 AS part, project, job, message, NULL::timestamptz AS run_at, priority, id FROM spider_job
+         WHERE status = 'pending' AND (CAST(:project AS text) IS NULL OR project = :project)
+         ORDER BY priority DESC, id LIMIT :offset + :limit)
+        UNION ALL
+        (SELECT 1, project, job, message, run_at, priority, id FROM spider_job
+         WHERE status = 'delayed' AND (CAST(:project AS text) IS NULL OR project = :project)
+         ORDER BY run_at, id LIMIT :offset + :limit)
+    ) AS waiting
+    ORDER BY part, CASE WHEN part = 1 THEN run_at END, priority DESC, id
     LIMIT :limit OFFSET :offset
 """)
 
@@ -111,13 +123,22 @@ FINISHED_JOBS = text("""
     LIMIT :limit
 """)
 
-# The cluster at a glance. Pending jobs are counted up to :cap only (an exact count of a huge backlog is a scan
+# The cluster at a glance. Pending, delayed and past-due jobs (pending for :past_due seconds since they were due)
+# are counted up to :cap only (an exact count of a huge backlog is a scan
 # costing tens of milliseconds, trap 14), with the planner's estimate of the pending index's size for beyond;
 # running and finished jobs are few (process slots; pruned to finished_to_keep); live nodes are those not stopped
 # whose heartbeat is within :lease_seconds (database clock).
 CLUSTER_COUNTS = text("""
     SELECT (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'pending' LIMIT :cap) AS capped)
                AS pending_counted,
+           (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'delayed' LIMIT :cap) AS capped)
+               AS delayed,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM spider_job
+                WHERE status = 'pending'
+                  AND coalesce(run_at, CAST(created_time AS timestamptz)) < now() - make_interval(secs => :past_due)
+                LIMIT :cap) AS capped) AS past_due,
+           (SELECT count(*) FROM spider_job WHERE status = 'terminated' AND outcome = 'dead') AS dead,
            (SELECT reltuples FROM pg_class WHERE oid = CAST('spider_job_pending_idx' AS regclass)) AS pending_estimate,
            (SELECT count(*) FROM spider_job WHERE status = 'ongoing') AS running,
            (SELECT count(*) FROM spider_job WHERE status = 'terminated') AS finished,
@@ -125,13 +146,14 @@ CLUSTER_COUNTS = text("""
             WHERE stopped_time IS NULL AND heartbeat_time > now() - make_interval(secs => :lease_seconds)) AS nodes
 """)
 
-# Cancel a pending job: terminated as 'cancelled' (start and end at the cancel), so it never starts and every node
-# reports it finished. A claim that locked the row first wins; the running job is then cancelled instead.
+# Cancel a waiting (pending or delayed) job: terminated as 'cancelled' (end at the cancel), so it never starts (nor
+# retries) and every node reports it finished. A claim that locked the row first wins; the running job is then
+# cancelled instead.
 CANCEL_PENDING = text("""
     UPDATE spider_job
     SET status = 'terminated', outcome = 'cancelled', reason = 'cancelled before it started',
-        cancel_requested = true, start_time = :now, end_time = :now
-    WHERE project = :project AND job = :job AND status = 'pending'
+        cancel_requested = true, start_time = coalesce(start_time, :now), end_time = :now
+    WHERE project = :project AND job = :job AND status IN ('delayed', 'pending')
     RETURNING id
 """)
 
@@ -208,7 +230,7 @@ class ClusterStore(OperatorQueries):
         """The job's state as Scrapyd names it: 'pending', 'running', 'finished', or None when unknown."""
         with db.autocommit(self.engine) as connection:
             status = connection.execute(JOB_STATUS, {"job": job, "project": project}).scalar()
-        return {"pending": "pending", "ongoing": "running", "terminated": "finished"}.get(status)
+        return {"delayed": "pending", "pending": "pending", "ongoing": "running", "terminated": "finished"}.get(status)
 
     @database_errors
     def pending_page(self, project: str | None, limit: int, offset: int = 0) -> tuple[list[PendingJob], bool]:
@@ -230,13 +252,15 @@ class ClusterStore(OperatorQueries):
             return [FinishedJobRow(**row._mapping) for row in rows]
 
     @database_errors
-    def cluster_counts(self, lease_seconds: float) -> ClusterCounts:
-        params = {"lease_seconds": float(lease_seconds), "cap": PENDING_COUNT_CAP}
+    def cluster_counts(self, lease_seconds: float, past_due_seconds: float = 60.0) -> ClusterCounts:
+        params = {"lease_seconds": float(lease_seconds), "cap": PENDING_COUNT_CAP, "past_due": past_due_seconds}
         with db.autocommit(self.engine) as connection:
             row = connection.execute(CLUSTER_COUNTS, params).one()
         exact = row.pending_counted < PENDING_COUNT_CAP
         pending = row.pending_counted if exact else max(PENDING_COUNT_CAP, int(row.pending_estimate or 0))
-        return ClusterCounts(pending, exact, row.running, row.finished, row.nodes)
+        return ClusterCounts(
+            pending, exact, row.running, row.finished, row.nodes, row.delayed, row.past_due, row.dead
+        )
 
     @database_errors
     def cancel_job(self, project: str, job: str, signal: str = "INT") -> str | None:

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.models import PENDING
-from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, ClaimedJob, database_errors, now
+from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, now
 
 
 @dataclass(frozen=True)
@@ -45,24 +45,34 @@ HEARTBEAT = text("""
 STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
 
 # Recover the jobs of every other process whose lease expired (no heartbeat for :lease_seconds, database clock) or
-# that stopped: back to pending (the claim stays counted in attempts); or terminated, as 'cancelled' when cancel.json
-# asked for it (a cancelled job never runs again) or as 'lost' once :max_attempts claims are used up. Pending ones
-# wake idle nodes. Reads spider_job_ongoing_worker_idx (running jobs only, by owner) joined to the small node
-# table, never the pending or finished rows. Locks owner and job rows, skipping locked ones: a heartbeat or a
-# finish being written at this instant wins, and two nodes recovering at once share the work.
-RECOVER_EXPIRED_LEASES = text("""
+# that stopped. A job lost with its node failed: with _retries it waits out its backoff as 'delayed' (failure
+# counted), or ends 'dead' once they are used up; without, it goes back to pending at once (the claim stays counted
+# in attempts) and ends 'lost' once :max_attempts claims are used up. A cancel request ends it as 'cancelled' (a
+# cancelled job never runs again). Pending ones wake idle nodes. Reads spider_job_ongoing_worker_idx (running jobs
+# only, by owner) joined to the small node table, never the waiting or finished rows. Locks owner and job rows,
+# skipping locked ones: a heartbeat or a finish being written at this instant wins, and two nodes recovering at once
+# share the work.
+RECOVER_EXPIRED_LEASES = text(f"""
     WITH expired AS (
         SELECT j.id, n.name,
-               CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempts >= :max_attempts THEN 'lost' END AS outcome
+               CASE WHEN j.cancel_requested THEN 'cancelled'
+                    WHEN j.retries > 0 AND j.failures >= j.retries THEN 'dead'
+                    WHEN j.retries = 0 AND j.attempts >= :max_attempts THEN 'lost' END AS outcome
         FROM spider_job AS j JOIN scrapyd_node AS n ON n.id = j.worker
         WHERE j.status = 'ongoing' AND j.worker <> :worker
           AND (n.heartbeat_time < now() - make_interval(secs => :lease_seconds) OR n.stopped_time IS NOT NULL)
         FOR UPDATE OF j, n SKIP LOCKED
     ), recovered AS (
         UPDATE spider_job AS j
-        SET status = CASE WHEN expired.outcome IS NULL THEN 'pending' ELSE 'terminated' END,
+        SET status = CASE WHEN expired.outcome IS NOT NULL THEN 'terminated'
+                          WHEN j.retries > 0 THEN 'delayed' ELSE 'pending' END,
             outcome = expired.outcome,
-            reason = CASE WHEN expired.outcome IS NOT NULL THEN format(
+            run_at = CASE WHEN expired.outcome IS NULL AND j.retries > 0
+                          THEN now() + make_interval(secs => j.retry_delay * 2 ^ j.failures) END,
+            failures = j.failures + CASE WHEN j.retries > 0 AND NOT j.cancel_requested THEN 1 ELSE 0 END,
+            unique_key = CASE WHEN expired.outcome IS NULL THEN {KEY_UNLESS_TAKEN.format(row="j")}
+                              ELSE j.unique_key END,
+            reason = CASE WHEN expired.outcome IS NOT NULL OR j.retries > 0 THEN format(
                 'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
             ) END,
             end_time = CASE WHEN expired.outcome IS NOT NULL THEN :now END,
@@ -78,7 +88,7 @@ RECOVER_EXPIRED_LEASES = text("""
 # Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
 # terminate them, as 'cancelled' when cancel.json asked for it, or as 'interrupted' once :max_attempts claims are
 # used up. Only while each claim is still its own. Pending ones wake idle nodes.
-HAND_BACK_CLAIMS = text("""
+HAND_BACK_CLAIMS = text(f"""
     WITH claim AS (
         SELECT j.id,
                CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempts >= :max_attempts THEN 'interrupted' END
@@ -91,6 +101,7 @@ HAND_BACK_CLAIMS = text("""
         UPDATE spider_job AS j
         SET status = CASE WHEN claim.outcome IS NULL THEN 'pending' ELSE 'terminated' END,
             outcome = claim.outcome,
+            unique_key = CASE WHEN claim.outcome IS NULL THEN {KEY_UNLESS_TAKEN.format(row="j")} ELSE j.unique_key END,
             reason = CASE WHEN claim.outcome IS NOT NULL THEN format(
                 'node %s stopped during attempt %s of %s', :node, j.attempts, :max_attempts
             ) END,
@@ -117,9 +128,9 @@ CLAIMS_TAKEN_OVER = text("""
 # connection (a database restart or a killed session). Only claims made before :claimed_before (this node's own
 # clock, like start_time), so that a claim whose reply is still on its way is never taken. Reads
 # spider_job_ongoing_worker_idx.
-RELEASE_FORGOTTEN_CLAIMS = text("""
+RELEASE_FORGOTTEN_CLAIMS = text(f"""
     WITH released AS (
-        UPDATE spider_job SET status = 'pending'
+        UPDATE spider_job SET status = 'pending', unique_key = {KEY_UNLESS_TAKEN.format(row="spider_job")}
         WHERE status = 'ongoing' AND worker = :worker AND start_time < :claimed_before AND NOT (id = ANY(:known_ids))
         RETURNING id, project, job
     )

@@ -1,4 +1,7 @@
-"""The queue itself: enqueue, claim, pending jobs, start, finish, prune, terminated jobs, notify; ``JobStore``."""
+"""The queue itself: enqueue (delayed and unique jobs too), claim (due jobs, per-spider limits), waiting jobs,
+notify; ``JobStore``, which also holds how jobs end (``finishing.JobEnds``) and the nodes' leases
+(``nodes.NodeLeases``).
+"""
 
 from __future__ import annotations
 
@@ -8,86 +11,154 @@ import functools
 import math
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.models import FINISHED
 from scrapyd_pgqueue.store.base import (
+    ERROR,
+    NO_OPTIONS,
     NOTIFY_CHANNEL,
+    REPLACE,
     ClaimedJob,
     DuplicateJobError,
+    Enqueued,
     InvalidJobError,
+    JobOptions,
     JobRow,
     check_name,
     database_errors,
     encode_message,
     now,
 )
+from scrapyd_pgqueue.store.finishing import JobEnds
 from scrapyd_pgqueue.store.nodes import NodeLeases
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Add a pending job and wake idle nodes; NOTIFY is delivered on commit, so a woken node finds the row.
-# Only while the caller still waits for the answer (:answer_by, database clock): a statement that reaches a
-# stalled server and runs after the caller gave up and answered "error" must not leave a ghost job behind.
-ENQUEUE = text("""
-    WITH inserted AS (
-        INSERT INTO spider_job (project, spider, job, version, priority, message, status, created_time)
-        SELECT :project, :spider, :job, :version, :priority, CAST(:message AS jsonb), 'pending', :now
-        WHERE clock_timestamp() < to_timestamp(:answer_by)
-        RETURNING id
-    )
-    SELECT id, pg_notify(:channel, :project) FROM inserted
-""")
-
-# Add many pending jobs in one statement, all or none. Rows are inserted in the arrays' order (ORDER BY n), so their
-# ids, and so the claim order among equal priorities, follow it; one NOTIFY for the batch. Same :answer_by as ENQUEUE.
-ENQUEUE_MANY = text("""
-    WITH inserted AS (
-        INSERT INTO spider_job (project, spider, job, version, priority, message, status, created_time)
-        SELECT :project, batch.spider, batch.job, batch.version, batch.priority, batch.message, 'pending', :now
+# Add jobs, all or none, in one statement; one NOTIFY wakes idle nodes (delivered on commit, so a woken node finds
+# the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in the arrays' order (ORDER
+# BY n), so their ids, and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on
+# the database's clock) waits as 'delayed'. A unique key already held by a waiting job of the project updates that
+# job instead (spider_job_waiting_unique_key decides, also between concurrent schedules): with the new run time,
+# priority, arguments and settings for the keys in :replace_keys, unchanged otherwise, its job id kept; RETURNING
+# says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
+# answer (:answer_by, database clock): a statement that reaches a stalled server and runs after the caller gave up and
+# answered "error" must not leave a ghost job behind.
+ENQUEUE_JOBS = text("""
+    WITH batch AS (
+        SELECT b.*, coalesce(to_timestamp(b.run_at_epoch), now() + make_interval(secs => b.delay)) AS due
         FROM unnest(CAST(:spiders AS text[]), CAST(:jobs AS text[]), CAST(:versions AS text[]),
-                    CAST(:prioritys AS double precision[]), CAST(:messages AS jsonb[]))
-             WITH ORDINALITY AS batch(spider, job, version, priority, message, n)
+                    CAST(:prioritys AS double precision[]), CAST(:messages AS jsonb[]),
+                    CAST(:run_ats AS double precision[]), CAST(:delays AS double precision[]),
+                    CAST(:unique_keys AS text[]), CAST(:retriess AS integer[]),
+                    CAST(:retry_delays AS double precision[]), CAST(:periodics AS text[]))
+             WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
+                                  retry_delay, periodic, n)
+    ), inserted AS (
+        INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
+                                     retries, retry_delay, periodic, created_time)
+        SELECT :project, spider, job, version, priority, message,
+               CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, CASE WHEN due > now() THEN due END,
+               unique_key, retries, retry_delay, periodic, :now
+        FROM batch
         WHERE clock_timestamp() < to_timestamp(:answer_by)
-        ORDER BY batch.n
-        RETURNING job, id
+        ORDER BY n
+        ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
+        DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay) = (
+            SELECT EXCLUDED.spider, EXCLUDED.version, EXCLUDED.priority,
+                   EXCLUDED.message || jsonb_build_object('_job', j.job), EXCLUDED.status, EXCLUDED.run_at,
+                   EXCLUDED.retries, EXCLUDED.retry_delay
+            WHERE EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
+            UNION ALL
+            SELECT j.spider, j.version, j.priority, j.message, j.status, j.run_at, j.retries, j.retry_delay
+            WHERE NOT EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
+        )
+        RETURNING j.id, j.job, j.unique_key, j.xmax <> 0 AS existing
     ), woken AS (
         SELECT pg_notify(:channel, :project) WHERE EXISTS (SELECT 1 FROM inserted)
     )
-    SELECT job, id FROM inserted, (SELECT count(*) FROM woken) AS notified
+    SELECT id, job, unique_key, existing FROM inserted, (SELECT count(*) FROM woken) AS notified
 """)
 
 
 def _claim_statement(which_projects: str):
     """The claim, for one way of choosing projects (a fixed SQL fragment, never a value)."""
     return text(f"""
-        WITH next_jobs AS (
+        WITH due AS (
             SELECT id FROM spider_job
+            WHERE status = 'delayed' AND run_at <= now() AND {which_projects}
+            ORDER BY run_at
+            LIMIT 1000
+            FOR UPDATE SKIP LOCKED
+        ), promoted AS (
+            UPDATE spider_job AS j SET status = 'pending'
+            FROM due WHERE j.id = due.id
+            RETURNING j.project
+        ), woken AS (
+            SELECT pg_notify(:channel, project) FROM (SELECT DISTINCT project FROM promoted) AS p
+        ), limits AS MATERIALIZED (
+            SELECT project, spider, max_running FROM spider_limit
+            WHERE {which_projects}
+            FOR UPDATE SKIP LOCKED
+        ), room AS (
+            SELECT project, spider, max_running - spider_job_running(project, spider) AS free FROM limits
+        ), unlimited_jobs AS (
+            SELECT id, priority FROM spider_job AS j
             WHERE status = 'pending' AND {which_projects}
+              AND NOT EXISTS (SELECT 1 FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
             ORDER BY priority DESC, id
             LIMIT :limit
             FOR UPDATE SKIP LOCKED
+        ), limited_jobs AS (
+            SELECT next.id, next.priority FROM room, LATERAL (
+                SELECT id, priority FROM spider_job
+                WHERE status = 'pending' AND project = room.project AND spider = room.spider
+                ORDER BY priority DESC, id
+                LIMIT greatest(least(room.free, :limit), 0)
+                FOR UPDATE SKIP LOCKED
+            ) AS next
+        ), next_jobs AS (
+            SELECT id FROM (SELECT * FROM unlimited_jobs UNION ALL SELECT * FROM limited_jobs) AS candidates
+            ORDER BY priority DESC, id
+            LIMIT :limit
+        ), claimed AS (
+            UPDATE spider_job AS j
+            SET status = 'ongoing', node = :node, worker = :worker, start_time = :now, attempts = j.attempts + 1
+            FROM next_jobs
+            WHERE j.id = next_jobs.id
+            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority
         )
-        UPDATE spider_job AS j
-        SET status = 'ongoing', node = :node, worker = :worker, start_time = :now, attempts = j.attempts + 1
-        FROM next_jobs
-        WHERE j.id = next_jobs.id
-        RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority
+        SELECT id, project, job, attempts, message, priority, NULL AS promoted, NULL AS next_due_in FROM claimed
+        UNION ALL
+        SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+               (SELECT count(*) FROM promoted) + 0 * (SELECT count(*) FROM woken),
+               (SELECT extract(epoch FROM min(run_at) - now()) FROM spider_job
+                WHERE status = 'delayed' AND {which_projects})
     """)
 
 
 # Claim the next :limit pending jobs for this node: of any project, of the :projects it can run, or of one
-# :project (ISpiderQueue.pop). Shaped for concurrency: the CTE locks rows with FOR UPDATE SKIP LOCKED, so
-# concurrent claimers pass over each other's rows instead of queueing behind them, and it is materialised once,
-# so LIMIT holds (LIMIT = the caller's free slots: a node never takes more than it can start). It reads
-# spider_job_pending_idx from its head in (priority DESC, id) order, so a claim costs the same with a hundred or a
-# million pending rows; one project reads spider_job_pending_project_idx from the head of that project (a list of
-# projects cannot: an ordered index scan takes one value of its leading column). The row lock is held only for
-# this statement.
+# :project (ISpiderQueue.pop). One statement, shaped for concurrency and for a cost that does not grow with the
+# backlog:
+# - due: delayed jobs whose time has come become pending (and wake the nodes, which claim them at once), read from
+#   the head of spider_job_delayed_idx: a million jobs still waiting cost nothing. Not claimed in this statement,
+#   whose snapshot cannot see them pending.
+# - unlimited_jobs locks rows with FOR UPDATE SKIP LOCKED, so concurrent claimers pass over each other's rows instead
+#   of queueing behind them, and LIMIT = the caller's free slots (a node never takes more than it can start). It
+#   reads spider_job_pending_idx from its head in (priority DESC, id) order; one project reads
+#   spider_job_pending_project_idx from the head of that project (a list of projects cannot: an ordered index scan
+#   takes one value of its leading column). Jobs of spiders with a limit are passed over here.
+# - limited_jobs: a spider with a cluster-wide limit (spider_limit) is filled by one claimer at a time, the one that
+#   locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no head-of-line blocking).
+#   spider_job_running() counts its running jobs after that lock, in a fresh snapshot (a VOLATILE function), so
+#   claims committed by other nodes while this statement ran are counted: never more than max_running at once.
+#   Each limited spider reads the head of spider_job_pending_spider_idx, at most its free room.
+# - The rows are held only for this statement. The last row (id NULL) says how many delayed jobs became due and in
+#   how many seconds the next one is (the poller sets its timer by it).
 CLAIM_NEXT_JOBS = _claim_statement("true")
 CLAIM_NEXT_JOBS_OF_PROJECTS = _claim_statement("project = ANY(:projects)")
 CLAIM_NEXT_JOBS_OF_PROJECT = _claim_statement("project = :project")
@@ -103,88 +174,40 @@ HAS_PENDING = text("""
 # Wake the listeners of :channel (the node's listener proves with it that LISTEN works through its URL).
 NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
-# Count the pending jobs of a project (ISpiderQueue.count; not for hot paths on large backlogs).
-COUNT_PENDING = text("SELECT count(*) FROM spider_job WHERE status = 'pending' AND project = :project")
+# Count the waiting (pending or delayed) jobs of a project (ISpiderQueue.count; not for hot paths on large backlogs).
+COUNT_PENDING = text("SELECT count(*) FROM spider_job WHERE status IN ('delayed', 'pending') AND project = :project")
 
-# The pending messages of a project in claim order, at most :limit (all when NULL).
+# The waiting messages of a project in run order, at most :limit (all when NULL): pending in claim order, then
+# delayed by due time.
 LIST_PENDING = text("""
     SELECT id, message FROM spider_job
-    WHERE status = 'pending' AND project = :project
-    ORDER BY priority DESC, id
+    WHERE status IN ('delayed', 'pending') AND project = :project
+    ORDER BY status = 'delayed', CASE WHEN status = 'delayed' THEN run_at END, priority DESC, id
     LIMIT :limit
 """)
 
-# Delete pending jobs by id; a job claimed meanwhile is left alone.
+# Delete waiting jobs by id; a job claimed meanwhile is left alone.
 DELETE_PENDING = text("""
-    DELETE FROM spider_job WHERE id = ANY(:ids) AND status = 'pending' AND project = :project
+    DELETE FROM spider_job WHERE id = ANY(:ids) AND status IN ('delayed', 'pending') AND project = :project
 """)
 
-# Delete every pending job of a project.
-CLEAR_PENDING = text("DELETE FROM spider_job WHERE status = 'pending' AND project = :project")
-
-# Record the crawl's pid once it is spawned; only while this claim still owns the job.
-MARK_STARTED = text("""
-    UPDATE spider_job SET pid = :pid, start_time = :start_time
-    WHERE id = :id AND status = 'ongoing' AND worker = :worker AND attempts = :attempt
-""")
-
-# Terminate the claim :attempt of job :id held by :worker. Still allowed once recovery handed the job back or gave
-# it up as lost, as long as nobody claimed it since (same worker and attempt): the result of a node that came back
-# late is kept then. A newer attempt, or a job already finished, is never overwritten.
-FINISH_CLAIMED = text("""
-    UPDATE spider_job
-    SET status = 'terminated', outcome = :outcome, exit_code = :exit_code, reason = :reason,
-        pid = coalesce(:pid, pid), start_time = :start_time, end_time = :end_time
-    WHERE id = :id AND worker = :worker AND attempts = :attempt
-      AND (status IN ('ongoing', 'pending') OR outcome = 'lost')
-    RETURNING id
-""")
-
-# Terminate a job known only by project and job id, claimed by this process (IJobStorage.add from a stock launcher).
-FINISH_BY_JOB_ID = text("""
-    UPDATE spider_job
-    SET status = 'terminated', outcome = :outcome, exit_code = :exit_code, reason = :reason,
-        pid = coalesce(:pid, pid), node = coalesce(node, :node), start_time = :start_time, end_time = :end_time
-    WHERE project = :project AND job = :job AND status = 'ongoing' AND worker = :worker
-    RETURNING id
-""")
-
-# Record a job that never went through the queue as terminated; nothing when the job id is live on another node.
-INSERT_TERMINATED = text("""
-    INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid,
-                            created_time, start_time, end_time)
-    SELECT :project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
-           :start_time, :start_time, :end_time
-    WHERE NOT EXISTS (
-        SELECT 1 FROM spider_job WHERE project = :project AND job = :job AND status IN ('pending', 'ongoing')
-    )
-""")
-
-# Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,
-# at the same time: SKIP LOCKED leaves rows another pruner is deleting to it, instead of deadlocking with it.
-PRUNE_TERMINATED = text("""
-    DELETE FROM spider_job WHERE id IN (
-        SELECT id FROM spider_job WHERE status = 'terminated' ORDER BY end_time DESC OFFSET :keep
-        FOR UPDATE SKIP LOCKED
-    )
-""")
-
-# The newest :limit terminated jobs, newest end first.
-LIST_TERMINATED = text("""
-    SELECT id, project, spider, job, status, outcome, exit_code, reason, node, pid, attempts, priority, version,
-           start_time, end_time
-    FROM spider_job WHERE status = 'terminated'
-    ORDER BY end_time DESC, id DESC
-    LIMIT :limit
-""")
-
-# How many terminated jobs are kept.
-COUNT_TERMINATED = text("SELECT count(*) FROM spider_job WHERE status = 'terminated'")
+# Delete every waiting job of a project.
+CLEAR_PENDING = text("DELETE FROM spider_job WHERE status IN ('delayed', 'pending') AND project = :project")
 
 # --- operations ------------------------------------------------------------------------------------------------
 
 
-class JobStore(NodeLeases):
+@dataclass(frozen=True)
+class Claim:
+    """A claim's jobs, how many delayed jobs it found due (pending now: claim again), and in how many seconds the
+    next delayed job is due (None: none waits)."""
+
+    jobs: list[ClaimedJob]
+    became_due: int
+    next_due_in: float | None
+
+
+class JobStore(NodeLeases, JobEnds):
     """The queue operations over one database."""
 
     def __init__(self, engine: Engine):
@@ -205,63 +228,65 @@ class JobStore(NodeLeases):
             connection.execute(NOTIFY, {"channel": channel, "payload": payload})
 
     @database_errors
-    def enqueue(self, project: str, message: dict[str, Any], priority: float = 0.0) -> int:
-        """Add ``message`` (ISpiderQueue's message: spider args plus ``name``) as a pending job; return its row id."""
-        params = {**_job_row(project, message, priority), "now": now(), "channel": NOTIFY_CHANNEL}
-        with _duplicates_refused(project, [params["job"]]), db.autocommit(self.engine) as connection:
-            params["answer_by"] = db.answer_by()
-            job_id = connection.execute(ENQUEUE, params).scalar()
-        if job_id is None:
-            raise db.too_late(self.engine, "the job was not stored")
-        return job_id
+    def enqueue(
+        self, project: str, message: dict[str, Any], priority: float = 0.0, options: JobOptions = NO_OPTIONS
+    ) -> Enqueued:
+        """Add ``message`` (ISpiderQueue's message: spider arguments plus ``name``) as a job; say where it went."""
+        return self._enqueue(project, job_rows(project, [(message, priority, options)], numbered=False))[0]
 
     @database_errors
-    def enqueue_many(self, project: str, jobs: Iterable[tuple[dict[str, Any], float]]) -> list[int]:
-        """Add many (message, priority) jobs at once, all or none, in their order; return their row ids."""
-        rows = []
-        for index, (message, priority) in enumerate(jobs):
-            try:
-                rows.append(_job_row(project, message, priority))
-            except InvalidJobError as e:
-                raise InvalidJobError(f"job {index}: {e}") from None
+    def enqueue_many(
+        self, project: str, jobs: Iterable[tuple[dict[str, Any], float] | tuple[dict[str, Any], float, JobOptions]]
+    ) -> list[Enqueued]:
+        """Add many (message, priority[, options]) jobs at once, all or none, in their order; say where each went.
+
+        A unique key with ``on_conflict="error"`` held by a waiting job refuses the whole batch (DuplicateJobError).
+        """
+        return self._enqueue(project, job_rows(project, jobs, numbered=True))
+
+    def _enqueue(self, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
         if not rows:
             return []
-        seen: dict[str, int] = {}
-        for index, row in enumerate(rows):
-            if seen.setdefault(row["job"], index) != index:
-                raise DuplicateJobError(f"job {index}: job id '{row['job']}' is also job {seen[row['job']]}")
-        params = {"project": rows[0]["project"], "now": now(), "channel": NOTIFY_CHANNEL}
-        for column in ("spider", "job", "version", "priority", "message"):
-            params[f"{column}s"] = [row[column] for row in rows]
-        jobs_by_index = params["jobs"]
-        with _duplicates_refused(project, jobs_by_index), db.autocommit(self.engine) as connection:
-            params["answer_by"] = db.answer_by()
-            ids = dict(connection.execute(ENQUEUE_MANY, params).all())
-        if not ids:
+        refuse_existing = any(row["on_conflict"] == ERROR for row in rows if row["unique_key"])
+        connect = db.transaction if refuse_existing else db.autocommit
+        with connect(self.engine) as connection:
+            enqueued = insert_jobs(connection, project, rows)
+            if refuse_existing:
+                _refuse_existing_keys(rows, enqueued)  # rolls the batch back
+        if not enqueued:
             raise db.too_late(self.engine, "no job was stored")
-        return [ids[job] for job in jobs_by_index]
+        return enqueued
 
     @database_errors
     def claim_next_jobs(
         self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str
     ) -> list[ClaimedJob]:
         """Move up to ``limit`` of the best pending jobs to ``ongoing`` for this node, in claim order."""
-        if limit <= 0:
-            return []
-        params = {"limit": limit, "node": node, "worker": worker, "now": now()}
+        return self.claim(projects, limit, node=node, worker=worker).jobs
+
+    @database_errors
+    def claim(self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str) -> Claim:
+        """``claim_next_jobs``, and what the poller needs for its next claim: delayed jobs that became due, and
+        when the next one will."""
+        params = {"limit": max(limit, 0), "node": node, "worker": worker, "now": now(), "channel": NOTIFY_CHANNEL}
         if projects is None:
             statement = CLAIM_NEXT_JOBS
         else:
             params["projects"] = list(projects)
             if not params["projects"]:
-                return []
+                return Claim([], 0, None)
             statement = CLAIM_NEXT_JOBS_OF_PROJECTS
             if len(params["projects"]) == 1:
                 statement, params["project"] = CLAIM_NEXT_JOBS_OF_PROJECT, params["projects"][0]
         with db.autocommit(self.engine) as connection:
             rows = connection.execute(statement, params).all()
-        rows.sort(key=lambda row: (-row.priority, row.id))  # RETURNING has no order
-        return [ClaimedJob(row.id, row.project, row.job, row.attempts, row.message) for row in rows]
+        summary = next(row for row in rows if row.id is None)
+        jobs = sorted((row for row in rows if row.id is not None), key=lambda row: (-row.priority, row.id))
+        return Claim(
+            [ClaimedJob(row.id, row.project, row.job, row.attempts, row.message) for row in jobs],
+            summary.promoted or 0,
+            None if summary.next_due_in is None else float(summary.next_due_in),
+        )
 
     @database_errors
     def has_pending(self, projects: Iterable[str] | None = None) -> bool:
@@ -295,75 +320,45 @@ class JobStore(NodeLeases):
         with db.autocommit(self.engine) as connection:
             return connection.execute(CLEAR_PENDING, {"project": project}).rowcount
 
-    @database_errors
-    def mark_started(self, claimed: ClaimedJob, *, worker: str, pid: int | None, start_time: datetime.datetime) -> bool:
-        params = {"id": claimed.id, "attempt": claimed.attempt, "worker": worker, "pid": pid, "start_time": start_time}
-        with db.autocommit(self.engine) as connection:
-            return connection.execute(MARK_STARTED, params).rowcount == 1
-
-    @database_errors
-    def finish_job(
-        self,
-        *,
-        project: str,
-        spider: str,
-        job: str,
-        start_time: datetime.datetime,
-        end_time: datetime.datetime,
-        outcome: str = FINISHED,
-        exit_code: int | None = None,
-        reason: str | None = None,
-        pid: int | None = None,
-        node: str | None = None,
-        claimed: ClaimedJob | None = None,
-        worker: str | None = None,
-    ) -> bool:
-        """Mark a job terminated; return False when a claim no longer owns it (it was recovered meanwhile).
-
-        With ``claimed`` (and its ``worker``) only that claim is finished. Without, the live row of the job id
-        claimed by ``worker`` is finished, or a terminated row is recorded for a job that never went through the
-        queue.
-        """
-        params = {
-            "project": project,
-            "spider": spider,
-            "job": job,
-            "start_time": start_time,
-            "end_time": end_time,
-            "outcome": outcome,
-            "exit_code": exit_code,
-            "reason": reason,
-            "pid": pid,
-            "node": node,
-            "worker": worker,
-        }
-        if claimed is not None:
-            params.update(id=claimed.id, attempt=claimed.attempt)
-            with db.autocommit(self.engine) as connection:
-                return connection.execute(FINISH_CLAIMED, params).first() is not None
-        with db.transaction(self.engine) as connection:
-            if connection.execute(FINISH_BY_JOB_ID, params).first() is None:
-                connection.execute(INSERT_TERMINATED, params)
-            return True
-
-    @database_errors
-    def prune_terminated(self, keep: int) -> int:
-        with db.autocommit(self.engine) as connection:
-            return connection.execute(PRUNE_TERMINATED, {"keep": max(keep, 0)}).rowcount
-
-    @database_errors
-    def list_terminated(self, limit: int) -> list[JobRow]:
-        with db.autocommit(self.engine) as connection:
-            return [JobRow(**row._mapping) for row in connection.execute(LIST_TERMINATED, {"limit": limit})]
-
-    @database_errors
-    def count_terminated(self) -> int:
-        with db.autocommit(self.engine) as connection:
-            return connection.execute(COUNT_TERMINATED).scalar_one()
 
 
-def _job_row(project: str, message: dict[str, Any], priority: float) -> dict[str, Any]:
-    """The columns of a new pending job, checked as the table can hold them (InvalidJobError)."""
+def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
+    """Run ENQUEUE_JOBS for ``rows`` (from ``job_rows``) on ``connection``, in a transaction of the caller's (a
+    periodic firing) or alone; say where each job went, in their order. Empty when the caller's time ran out."""
+    params = {"project": rows[0]["project"], "now": now(), "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
+    for column in _ENQUEUE_COLUMNS:
+        params[f"{column}s"] = [row[column] for row in rows]
+    params["replace_keys"] = [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE]
+    with _duplicates_refused(project, params["jobs"]):
+        return _in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())
+
+
+# The arrays ENQUEUE_JOBS takes, one element per job.
+_ENQUEUE_COLUMNS = (
+    "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
+    "periodic",
+)
+
+
+def job_rows(project: str, jobs, numbered: bool) -> list[dict[str, Any]]:
+    """The checked columns of each (message, priority[, options]); InvalidJobError or DuplicateJobError naming the
+    job's index in a batch."""
+    rows = []
+    for index, (message, priority, *options) in enumerate(jobs):
+        try:
+            rows.append(_job_row(project, message, priority, options[0] if options else NO_OPTIONS))
+        except InvalidJobError as e:
+            raise InvalidJobError(f"job {index}: {e}" if numbered else str(e)) from None
+    for column, what in (("job", "job id"), ("unique_key", "unique_key")):
+        seen: dict[str, int] = {}
+        for index, row in enumerate(rows):
+            if row[column] is not None and seen.setdefault(row[column], index) != index:
+                raise DuplicateJobError(f"job {index}: {what} '{row[column]}' is also job {seen[row[column]]}")
+    return rows
+
+
+def _job_row(project: str, message: dict[str, Any], priority: float, options: JobOptions) -> dict[str, Any]:
+    """The columns of a new job, checked as the table can hold them (InvalidJobError)."""
     try:
         priority = float(priority)
     except (TypeError, ValueError):
@@ -381,7 +376,34 @@ def _job_row(project: str, message: dict[str, Any], priority: float) -> dict[str
         "version": None if version is None else check_name("version", version),
         "priority": priority,
         "message": encode_message(message),
+        "run_at": options.run_at,
+        "delay": options.delay,
+        "unique_key": None if options.unique_key is None else check_name("unique_key", options.unique_key),
+        "on_conflict": options.on_conflict,
+        "retries": options.retries,
+        "retry_delay": options.retry_delay,
+        "periodic": options.periodic,
     }
+
+
+def _in_request_order(rows: list[dict[str, Any]], returned) -> list[Enqueued]:
+    """ENQUEUE_JOBS' rows (in no order) as the requested jobs' order: a unique job by its key (the job id may be a
+    waiting job's), the others by job id."""
+    by_key = {row.unique_key: row for row in returned if row.unique_key is not None}
+    by_job = {row.job: row for row in returned}
+    found = [by_key[row["unique_key"]] if row["unique_key"] is not None else by_job.get(row["job"]) for row in rows]
+    return [Enqueued(row.id, row.job, row.existing) for row in found if row is not None]
+
+
+def _refuse_existing_keys(rows: list[dict[str, Any]], enqueued: list[Enqueued]) -> None:
+    """DuplicateJobError for the first job whose unique key (with on_conflict "error") a waiting job held."""
+    for index, (row, result) in enumerate(zip(rows, enqueued)):
+        if row["on_conflict"] == ERROR and result.existing:
+            where = f"job {index}: " if len(rows) > 1 else ""
+            raise DuplicateJobError(
+                f"{where}unique_key '{row['unique_key']}' is held by waiting job '{result.job}' of project "
+                f"'{row['project']}'"
+            )
 
 
 @contextlib.contextmanager

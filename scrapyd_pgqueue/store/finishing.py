@@ -1,0 +1,162 @@
+"""How jobs end: start, finish (or retry after a failure), prune, and the terminated jobs; ``JobEnds``, part of
+``queue.JobStore``.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from sqlalchemy import Engine, text
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.models import FINISHED
+from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, ClaimedJob, JobRow, database_errors
+
+# --- queries ---------------------------------------------------------------------------------------------------
+
+# How a job ends with :outcome, in SET form, shared by both finishes: a failed job with retries left (failures <
+# retries; the SET reads the row as it was) waits as 'delayed' for its exponential backoff, same row and job id, its
+# failure counted; out of retries it ends 'dead'. Any other outcome (a cancelled job among them) ends it. A retried
+# job gives its unique key up when a new waiting job took it meanwhile (spider_job_waiting_unique_key).
+_RETRYING = "(:outcome = 'failed' AND failures < retries)"
+_END_OR_RETRY = f"""
+    status = CASE WHEN {_RETRYING} THEN 'delayed' ELSE 'terminated' END,
+    outcome = CASE WHEN {_RETRYING} THEN NULL WHEN :outcome = 'failed' AND retries > 0 THEN 'dead' ELSE :outcome END,
+    run_at = CASE WHEN {_RETRYING} THEN now() + make_interval(secs => retry_delay * 2 ^ failures) END,
+    failures = failures + CASE WHEN :outcome = 'failed' THEN 1 ELSE 0 END,
+    unique_key = CASE WHEN {_RETRYING} THEN {KEY_UNLESS_TAKEN.format(row="spider_job")} ELSE unique_key END,
+    exit_code = :exit_code, reason = :reason, pid = coalesce(:pid, pid), start_time = :start_time,
+    end_time = :end_time
+"""
+
+# Record the crawl's pid once it is spawned; only while this claim still owns the job.
+MARK_STARTED = text("""
+    UPDATE spider_job SET pid = :pid, start_time = :start_time
+    WHERE id = :id AND status = 'ongoing' AND worker = :worker AND attempts = :attempt
+""")
+
+# End (or retry) the claim :attempt of job :id held by :worker. Still allowed once recovery handed the job back or
+# gave it up as lost, as long as nobody claimed it since (same worker and attempt): the result of a node that came
+# back late is kept then. A newer attempt, or a job already finished, is never overwritten.
+FINISH_CLAIMED = text(f"""
+    UPDATE spider_job SET {_END_OR_RETRY}
+    WHERE id = :id AND worker = :worker AND attempts = :attempt
+      AND (status IN ('ongoing', 'pending') OR outcome = 'lost')
+    RETURNING id
+""")
+
+# End (or retry) a job known only by project and job id, claimed by this process (IJobStorage.add from a stock
+# launcher).
+FINISH_BY_JOB_ID = text(f"""
+    UPDATE spider_job SET {_END_OR_RETRY}, node = coalesce(node, :node)
+    WHERE project = :project AND job = :job AND status = 'ongoing' AND worker = :worker
+    RETURNING id
+""")
+
+# Record a job that never went through the queue as terminated: a finished crawl is a fact, also when a job with
+# the same id waits or runs (terminated rows are outside spider_job_live_job_key).
+INSERT_TERMINATED = text("""
+    INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid,
+                            created_time, start_time, end_time)
+    VALUES (:project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
+            :start_time, :start_time, :end_time)
+""")
+
+# Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,
+# at the same time: SKIP LOCKED leaves rows another pruner is deleting to it, instead of deadlocking with it. Dead
+# jobs stay (the dead letters, until requeue --dead or prune --before).
+PRUNE_TERMINATED = text("""
+    DELETE FROM spider_job WHERE id IN (
+        SELECT id FROM spider_job WHERE status = 'terminated' AND outcome IS DISTINCT FROM 'dead'
+        ORDER BY end_time DESC OFFSET :keep
+        FOR UPDATE SKIP LOCKED
+    )
+""")
+
+# The newest :limit terminated jobs, newest end first.
+LIST_TERMINATED = text("""
+    SELECT id, project, spider, job, status, outcome, exit_code, reason, node, pid, attempts, priority, version,
+           start_time, end_time
+    FROM spider_job WHERE status = 'terminated'
+    ORDER BY end_time DESC, id DESC
+    LIMIT :limit
+""")
+
+# How many terminated jobs are kept.
+COUNT_TERMINATED = text("SELECT count(*) FROM spider_job WHERE status = 'terminated'")
+
+# --- operations ------------------------------------------------------------------------------------------------
+
+
+class JobEnds:
+    """Starting and ending jobs over one database (part of ``JobStore``)."""
+
+    engine: Engine
+
+    @database_errors
+    def mark_started(self, claimed: ClaimedJob, *, worker: str, pid: int | None, start_time: datetime.datetime) -> bool:
+        params = {"id": claimed.id, "attempt": claimed.attempt, "worker": worker, "pid": pid, "start_time": start_time}
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(MARK_STARTED, params).rowcount == 1
+
+    @database_errors
+    def finish_job(
+        self,
+        *,
+        project: str,
+        spider: str,
+        job: str,
+        start_time: datetime.datetime,
+        end_time: datetime.datetime,
+        outcome: str = FINISHED,
+        exit_code: int | None = None,
+        reason: str | None = None,
+        pid: int | None = None,
+        node: str | None = None,
+        claimed: ClaimedJob | None = None,
+        worker: str | None = None,
+    ) -> bool:
+        """Mark a job terminated; return False when a claim no longer owns it (it was recovered meanwhile).
+
+        With ``claimed`` (and its ``worker``) only that claim is finished. Without, the live row of the job id
+        claimed by ``worker`` is finished, or a terminated row is recorded for a job that never went through the
+        queue.
+        """
+        params = {
+            "project": project,
+            "spider": spider,
+            "job": job,
+            "start_time": start_time,
+            "end_time": end_time,
+            "outcome": outcome,
+            "exit_code": exit_code,
+            "reason": reason,
+            "pid": pid,
+            "node": node,
+            "worker": worker,
+        }
+        if claimed is not None:
+            params.update(id=claimed.id, attempt=claimed.attempt)
+            with db.autocommit(self.engine) as connection:
+                return connection.execute(FINISH_CLAIMED, params).first() is not None
+        with db.transaction(self.engine) as connection:
+            if connection.execute(FINISH_BY_JOB_ID, params).first() is None:
+                connection.execute(INSERT_TERMINATED, params)
+            return True
+
+    @database_errors
+    def prune_terminated(self, keep: int) -> int:
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(PRUNE_TERMINATED, {"keep": max(keep, 0)}).rowcount
+
+    @database_errors
+    def list_terminated(self, limit: int) -> list[JobRow]:
+        with db.autocommit(self.engine) as connection:
+            return [JobRow(**row._mapping) for row in connection.execute(LIST_TERMINATED, {"limit": limit})]
+
+    @database_errors
+    def count_terminated(self) -> int:
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(COUNT_TERMINATED).scalar_one()
+
+
