@@ -34,8 +34,10 @@ INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT", "TMPDIR")
 class ScrapydNode:
     """One ``scrapyd`` process."""
 
-    def __init__(self, name: str, directory: Path, database_url: str, config: Mapping[str, str], env: Mapping):
+    def __init__(self, name: str, directory: Path, database_url: str, config: Mapping[str, str], env: Mapping,
+                 base_config: str | None = None):
         self.name = name
+        self.base_config = NODE_CONFIG.read_text() if base_config is None else base_config  # ./scrapyd.conf
         self.directory = directory
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -63,7 +65,7 @@ class ScrapydNode:
 
     def write_config(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "scrapyd.conf").write_text(NODE_CONFIG.read_text())
+        (self.directory / "scrapyd.conf").write_text(self.base_config)
         # Scrapy (``scrapy list`` for schedule.json) finds baked-in projects only in a scrapy.cfg [settings].
         # ~/.scrapy.cfg, which Scrapyd does not read (as /etc/scrapy.cfg in the image): a ./scrapy.cfg would be
         # Scrapyd's "nearest scrapy.cfg", read last, and its [scrapyd] section would undo the overrides below.
@@ -175,11 +177,18 @@ class LocalCluster:
         config: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         name_prefix: str = "node",
+        base_config: str | None = None,
+        node_config: Mapping[str, Mapping[str, str]] | None = None,
     ):
+        """``base_config``: the nodes' ./scrapyd.conf (default: the repository's scrapyd.cfg); ``node_config``:
+        options of single nodes by name, over ``config``."""
         self.directory = Path(directory or tempfile.mkdtemp(prefix="scrapyd-pgqueue-cluster-"))
         self.nodes = [
-            ScrapydNode(f"{name_prefix}{i}", self.directory / f"{name_prefix}{i}", database_url, config or {}, env or {})
-            for i in range(1, nodes + 1)
+            ScrapydNode(
+                name, self.directory / name, database_url, {**(config or {}), **(node_config or {}).get(name, {})},
+                env or {}, base_config,
+            )
+            for name in (f"{name_prefix}{i}" for i in range(1, nodes + 1))
         ]
 
     def start(self, timeout: float = 60.0) -> LocalCluster:

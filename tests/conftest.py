@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import os
 import uuid
+from pathlib import Path
 
 import psycopg2
 from psycopg2 import sql
@@ -18,7 +19,7 @@ from sqlalchemy import make_url
 
 from scrapyd_pgqueue import devdb
 from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT, LocalCluster
-from helpers import SECRET, accepting, database_with_secret_owner
+from helpers import SECRET, accepting, chromium, database_with_secret_owner
 
 
 @pytest.fixture(scope="session")
@@ -140,10 +141,11 @@ def start_cluster(tmp_path):
     """Start LocalClusters whose crawls record their runs; every node and crawl is gone after the test."""
     clusters = []
 
-    def start(url, nodes, name_prefix="node", **config):
+    def start(url, nodes, name_prefix="node", base_config=None, node_config=None, **config):
         cluster = LocalCluster(
             url, nodes, directory=tmp_path / f"cluster{len(clusters)}", config={**FAST, **config},
             env={"EXAMPLE_RECORD_DIR": str(tmp_path / "records")}, name_prefix=name_prefix,
+            base_config=base_config, node_config=node_config,
         )
         clusters.append(cluster)
         return cluster.start()
@@ -156,3 +158,24 @@ def start_cluster(tmp_path):
     for cluster in clusters:
         for node in cluster.nodes:
             assert SECRET not in node.logfile.read_text(errors="replace"), f"password in {node.logfile}"
+
+
+# --- a real browser ----------------------------------------------------------------------------------------------
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+@pytest.fixture
+def browser():
+    """Debian's headless chromium through its chromedriver (never downloaded; .ci/run installs both)."""
+    driver = chromium()
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def artifacts(request):
+    """tests/artifacts/<test>/ for what a test saves for people to look at (screenshots); gitignored."""
+    path = ARTIFACTS / request.node.name.replace("/", "_")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -103,3 +103,36 @@ def timed(node, method, endpoint, timeout: float = 30, **params):
     started = time.monotonic()
     answer = getattr(node, method)(endpoint, timeout=timeout, **params)
     return time.monotonic() - started, answer
+
+
+# --- browser ----------------------------------------------------------------------------------------------------
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def chromium(width: int = 1280, height: int = 1400):
+    """A headless Chromium driven by Selenium: Debian's browser and driver, so nothing is downloaded."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
+        options.add_argument(argument)
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+def screenshot(driver, directory, name: str):
+    """Save the page as directory/name.png and print where (a test artifact for people to look at)."""
+    path = directory / f"{name}.png"
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def table_rows(driver, table_id: str) -> list[list[str]]:
+    """The text of every cell of every row of the table with this id (header rows have no <td>)."""
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_element(By.ID, table_id).find_elements(By.TAG_NAME, "tr")
+    return [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")] for row in rows]

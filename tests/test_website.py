@@ -1,0 +1,99 @@
+"""/jobs in a real browser against three real nodes: a job scheduled through node 1 and running on node 3 is listed on
+node 2 with its node, and node 2's Cancel button stops it; pending jobs in run order; cancelled pending jobs without
+a start; job ids and arguments from users shown as text, never run."""
+
+from __future__ import annotations
+
+import pytest
+from selenium.webdriver.common.by import By
+
+from helpers import jobs, runs_of, schedule, screenshot, wait_for
+
+STOCK = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
+# Nodes 1 and 2 claim only at start-up (a poll an hour, no NOTIFY): every job scheduled later runs on node 3.
+HOLD = {"poll_interval": "3600", "listen_notify": "off"}
+INJECTED_JOB = "<img src=x onerror=window.injected=1>"
+
+
+@pytest.fixture
+def cluster(database_url, start_cluster):
+    return start_cluster(database_url, 3, max_proc="1", node_config={"node1": HOLD, "node2": HOLD})
+
+
+def section_rows(browser, section: str) -> list[dict[str, str]]:
+    """The rows of one section (Pending, Running, Finished) of /jobs as {header: cell text}."""
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#jobs thead th")]
+    body = browser.find_element(By.XPATH, f"//table[@id='jobs']/tbody[tr/th[text()='{section}']]")
+    return [
+        dict(zip(headers, (cell.text for cell in row.find_elements(By.TAG_NAME, "td"))))
+        for row in body.find_elements(By.XPATH, "tr[td]")
+    ]
+
+
+def row_of(browser, job: str):
+    return browser.find_element(By.XPATH, f"//table[@id='jobs']//tr[td[3][text()={xpath_literal(job)}]]")
+
+
+def xpath_literal(value: str) -> str:
+    return f"'{value}'" if "'" not in value else f'"{value}"'
+
+
+def test_a_job_scheduled_on_node1_running_on_node3_is_cancelled_from_node2s_page(
+    cluster, database_url, browser, artifacts, tmp_path
+):
+    node1, node2, node3 = cluster.nodes
+    schedule(node1, "steered", seconds="300")
+    run = wait_for(lambda: runs_of(tmp_path, "steered"), 60, "the crawl's own record")[0]
+    assert run["node"] == "node3"
+
+    browser.get(f"{node2.url}jobs")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Jobs"
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#jobs thead th")]
+    assert headers == [*STOCK, "Cancel", "Node", "Outcome"]  # Scrapyd's columns first: ScrapydWeb reads by position
+    running = {row["Job"]: row for row in section_rows(browser, "Running")}
+    assert running["steered"]["Node"] == "node3" and running["steered"]["PID"] == str(run["pid"])
+    log = row_of(browser, "steered").find_element(By.LINK_TEXT, "Log").get_attribute("href")
+    assert log == f"{node3.url}logs/example/sleeper/steered.log"
+    screenshot(browser, artifacts, "jobs-running-on-node3")
+
+    row_of(browser, "steered").find_element(By.CSS_SELECTOR, "input[type=submit][value=Cancel]").click()
+    browser.switch_to.alert.accept()  # Scrapyd's "Are you sure?"
+    wait_for(lambda: "cancel.json" in browser.current_url, 10, "the cancel form to be sent")
+    assert '"prevstate": "running"' in browser.page_source
+    wait_for(lambda: jobs(database_url, "steered")["steered"][:2] == ("terminated", "cancelled"), 60,
+             "the crawl on node 3 to end as cancelled")
+    assert len(runs_of(tmp_path, "steered")) == 1  # it ran once, on node 3, and was stopped there
+
+    browser.get(f"{node2.url}jobs")
+    finished = {row["Job"]: row for row in section_rows(browser, "Finished")}
+    assert finished["steered"]["Outcome"] == "cancelled" and finished["steered"]["Node"] == "node3"
+    screenshot(browser, artifacts, "jobs-cancelled")
+
+
+def test_pending_jobs_in_run_order_cancelled_ones_without_start_and_user_text_escaped(
+    cluster, database_url, browser, artifacts, tmp_path
+):
+    node1, node2, node3 = cluster.nodes
+    schedule(node1, "blocker", seconds="300")
+    wait_for(lambda: runs_of(tmp_path, "blocker"), 60, "node 3's only slot to be busy")
+    schedule(node1, "low", priority="1")
+    schedule(node1, INJECTED_JOB, note="<script>window.injected=2</script>", priority="2")
+    schedule(node1, "gone", priority="3")
+    assert node2.post("cancel.json", project="example", job="gone")["prevstate"] == "pending"
+
+    browser.get(f"{node2.url}jobs")
+    assert [row["Job"] for row in section_rows(browser, "Pending")] == [INJECTED_JOB, "low"]  # run order
+    assert browser.execute_script("return window.injected") is None  # shown as text, never run
+    assert "<script>window.injected" not in browser.page_source
+    assert "Pending jobs 1–2 of 2" in browser.find_element(By.ID, "pending-note").text
+    gone = {row["Job"]: row for row in section_rows(browser, "Finished")}["gone"]
+    assert gone["Outcome"] == "cancelled" and gone["Start"] == "" and gone["Runtime"] == "" and gone["Node"] == ""
+    assert gone["Finish"]
+    screenshot(browser, artifacts, "jobs-pending")
+
+    # The injected job's Cancel button sends its id back unchanged.
+    row_of(browser, INJECTED_JOB).find_element(By.CSS_SELECTOR, "input[value=Cancel]").click()
+    browser.switch_to.alert.accept()
+    wait_for(lambda: "cancel.json" in browser.current_url, 10, "the cancel form to be sent")
+    assert jobs(database_url, INJECTED_JOB)[INJECTED_JOB][:2] == ("terminated", "cancelled")
+    node2.post("cancel.json", project="example", job="blocker")
