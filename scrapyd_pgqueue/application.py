@@ -79,17 +79,22 @@ def half_configuration(config) -> list[str]:
     problems = [
         f"{option} = {config.get(option, '')}: {CONSEQUENCES[option]}"
         for option in ("poller", "launcher", "jobstorage")
-        if not config.get(option, "").startswith("scrapyd_pgqueue.")
+        if is_scrapyds(config.get(option, ""))
     ]
     services = dict(config.items("services", default=[]))
     stock = [name for name in ("status.json", "listjobs.json", "daemonstatus.json", "cancel.json")
-             if not services.get(name, "").startswith("scrapyd_pgqueue.")]
+             if is_scrapyds(services.get(name, ""))]
     if stock:
         problems.append(f"[services] {', '.join(stock)} are Scrapyd's own: {CONSEQUENCES['services']}")
     return problems
 
 
 _warned = False
+
+
+def is_scrapyds(path: str) -> bool:
+    """Scrapyd's own per-node piece (or none): a class of the user's own is theirs to judge."""
+    return not path or path.startswith("scrapyd.")
 
 
 def warn_half_configuration(config) -> None:

@@ -1,0 +1,75 @@
+"""One line, ``application = scrapyd_pgqueue.application``, makes a node; explicit options still win; the crawl
+subprocesses get the same configuration; half a configuration says what is wrong and which line fixes it."""
+
+from __future__ import annotations
+
+from scrapyd.config import Config
+from scrapyd.utils import initialize_component
+
+from scrapyd_pgqueue import application
+from scrapyd_pgqueue.runner import ClusterConfig
+from helpers import jobs, runs_of, wait_for
+
+ONE_LINE_NODE = "[scrapyd]\napplication = scrapyd_pgqueue.application\n"
+# The seed article's form: the shared queue, with Scrapyd's own poller, launcher, job storage and services.
+HALF_NODE = "[scrapyd]\nspiderqueue = scrapyd_pgqueue.PostgresSpiderQueue\n[settings]\nexample = example.settings\n"
+
+
+def config_from(text: str, tmp_path, monkeypatch) -> Config:
+    """Scrapyd's Config as a node in ``tmp_path`` reads it: the package defaults, then ./scrapyd.conf."""
+    (tmp_path / "scrapyd.conf").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return Config()
+
+
+def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path, monkeypatch):
+    config = config_from(
+        ONE_LINE_NODE + "launcher = my.Launcher\n[services]\ncancel.json = my.Cancel\n", tmp_path, monkeypatch
+    )
+    application.apply_defaults(config)
+    assert config.get("poller") == "scrapyd_pgqueue.PostgresPoller"  # Scrapyd's default: replaced
+    assert config.get("webroot") == "scrapyd_pgqueue.website.Root"
+    assert config.get("runner") == "scrapyd_pgqueue.runner"
+    assert config.get("launcher") == "my.Launcher"  # explicit: kept
+    services = dict(config.items("services"))
+    assert services["cancel.json"] == "my.Cancel"
+    assert services["status.json"] == "scrapyd_pgqueue.webservice.Status"
+    assert services["schedule_batch.json"] == "scrapyd_pgqueue.webservice.ScheduleBatch"
+    assert services["addversion.json"] == "scrapyd.webservice.AddVersion"  # Scrapyd's own where ours adds nothing
+    assert application.half_configuration(config) == []  # classes of the user's own are not Scrapyd's per-node ones
+
+
+def test_the_crawl_runner_reads_the_same_configuration(tmp_path, monkeypatch, database_url):
+    config_from(ONE_LINE_NODE, tmp_path, monkeypatch)
+    monkeypatch.setenv("SCRAPYD_DATABASE_URL", database_url)
+    storage = initialize_component(ClusterConfig(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
+    assert type(storage).__name__ == "PostgresEggStorage"
+
+
+def test_half_a_configuration_names_what_is_wrong(tmp_path, monkeypatch):
+    problems = application.half_configuration(config_from(HALF_NODE, tmp_path, monkeypatch))
+    assert [problem.split(" = ")[0].split(" ")[0] for problem in problems] == ["poller", "launcher", "jobstorage",
+                                                                               "[services]"]
+    assert "status.json answers null for a job running on another node" in problems[-1]
+
+
+def test_a_node_with_one_line_runs_an_egg_deployed_through_addversion(database_url, start_cluster, egg, tmp_path):
+    # No [settings], no component: the example project exists only as the deployed egg, in the database.
+    (node,) = start_cluster(database_url, 1, base_config=ONE_LINE_NODE).nodes
+    deployed = node.post("addversion.json", project="deployed", version="1", egg=egg.read_bytes())
+    assert deployed["status"] == "ok" and deployed["spiders"] == 2, deployed
+    answer = node.post("schedule.json", project="deployed", spider="quotes", jobid="from-egg")
+    assert answer["status"] == "ok", answer
+    wait_for(lambda: jobs(database_url, "from-egg")["from-egg"][:2] == ("terminated", "finished"), 60,
+             "the crawl to finish")
+    assert runs_of(tmp_path, "from-egg")[0]["node"] == "node1"
+    assert node.get("daemonstatus.json")["cluster"]["nodes"] == 1  # scrapyd_pgqueue's daemonstatus.json
+
+
+def test_a_half_configured_node_warns_at_start_up_with_the_fixing_line(database_url, start_cluster):
+    (node,) = start_cluster(database_url, 1, base_config=HALF_NODE).nodes
+    log = wait_for(lambda: (text := node.logfile.read_text()) and "not all of its components" in text and text, 30,
+                   "the warning")
+    assert application.ONE_LINE in log
+    assert "poller = scrapyd.poller.QueuePoller" in log and "[services] status.json" in log
