@@ -19,6 +19,7 @@ from scrapyd.utils import get_spider_queues
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import metrics, notifications
 from scrapyd_pgqueue.db import ThrottledLog
+from scrapyd_pgqueue.periodic import PeriodicFirer
 from scrapyd_pgqueue.store import NOTIFY_CHANNEL, ClaimedJob, JobStore
 
 log = Logger()
@@ -127,6 +128,7 @@ class PostgresPoller:
         from twisted.internet import reactor
 
         self.listening = True
+        self.periodic = PeriodicFirer(self.settings).start()  # fires the cluster's due periodic jobs (any node)
         if not self.settings.listen_notify:
             return
 
@@ -139,3 +141,5 @@ class PostgresPoller:
     def stop(self):
         """Stop claiming (graceful shutdown); notifications are then ignored."""
         self.accepting = False
+        if getattr(self, "periodic", None) is not None:
+            self.periodic.stop()

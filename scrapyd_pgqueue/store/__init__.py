@@ -16,6 +16,8 @@ One module per concern:
 - ``admin``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
 - ``eggs``: project eggs (``EggStore``).
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
+- ``schedules``: periodic jobs (the operator's, and their firing by every node) and per-spider limits (``ScheduleStore``).
+- ``timing``: when a periodic job is due (pure functions, no SQL).
 """
 
 from __future__ import annotations
@@ -54,12 +56,26 @@ from scrapyd_pgqueue.store.eggs import EggStore
 from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
 from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS_OF_PROJECT, Claim, JobStore, notify_through_pool
+from scrapyd_pgqueue.store.schedules import (
+    OVERLAP,
+    PERIODIC_CHANNEL,
+    DuplicateScheduleError,
+    Firing,
+    FiredJob,
+    PeriodicJob,
+    PeriodicJobRow,
+    ScheduleNotFoundError,
+    ScheduleStore,
+    SpiderLimitRow,
+)
+from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 
 __all__ = [
     # channels and limits
     "NOTIFY_CHANNEL",
     "CANCEL_CHANNEL",
     "PROJECTS_CHANNEL",
+    "PERIODIC_CHANNEL",
     "MAX_NAME_BYTES",
     "PENDING_COUNT_CAP",
     "SIGNAL_NAMES",
@@ -71,10 +87,17 @@ __all__ = [
     "REPLACE",
     "KEEP",
     "ERROR",
+    "OVERLAP",
+    "Timing",
+    "check_timing",
+    "first_due_after",
     # errors
     "DuplicateJobError",
     "InvalidJobError",
     "JobNotFoundError",
+    "InvalidScheduleError",
+    "DuplicateScheduleError",
+    "ScheduleNotFoundError",
     # rows
     "ClaimedJob",
     "Claim",
@@ -90,11 +113,17 @@ __all__ = [
     "NodeRow",
     "SpiderDepth",
     "MinuteCount",
+    "PeriodicJob",
+    "PeriodicJobRow",
+    "SpiderLimitRow",
+    "FiredJob",
+    "Firing",
     # stores
     "JobStore",
     "ClusterStore",
     "EggStore",
     "OverviewStore",
+    "ScheduleStore",
     "notify_through_pool",
     # queries the tests and the benchmark read (their plans, their compiled SQL)
     "CLAIM_NEXT_JOBS_OF_PROJECT",

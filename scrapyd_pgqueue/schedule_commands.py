@@ -1,0 +1,206 @@
+"""The operator's schedules: ``scrapyd-pgqueue periodic add|list|remove|pause|resume`` and ``limit set|list|remove``.
+
+Like the other operator commands they talk to the database directly (``store.ScheduleStore``): they work with every
+node down, and the nodes see the change at once (a NOTIFY) or at their next look. Tables for people; ``--json``
+for scripts. ``periodic_job`` applies schedule.json's rules to a periodic job's spider arguments and settings, here
+and in the HTTP services (``schedule_services``).
+"""
+
+from __future__ import annotations
+
+from scrapyd_pgqueue import admin
+
+PERIODIC_HELP = "jobs fired on a schedule (cron or every N seconds) by whichever node is alive, once per due time"
+LIMIT_HELP = "cluster-wide limits: at most N crawls of a spider at once on all nodes together"
+
+
+def add_commands(commands, database_url_argument) -> None:
+    """Register ``periodic`` and ``limit`` (each with its own subcommands) on the ``scrapyd-pgqueue`` parser."""
+
+    def group(name, help_text):
+        parser = commands.add_parser(name, help=help_text, description=help_text)
+        return parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+
+    def action(actions, name, run, help_text):
+        parser = actions.add_parser(name, help=help_text, description=help_text)
+        database_url_argument(parser, required=True)
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+        parser.set_defaults(run=run)
+        return parser
+
+    periodic = group("periodic", PERIODIC_HELP)
+    add = action(periodic, "add", run_add, "add a periodic job")
+    add.add_argument("name", metavar="NAME", help="the periodic job's name, unique in the cluster")
+    add.add_argument("--project", required=True)
+    add.add_argument("--spider", required=True)
+    timing = add.add_mutually_exclusive_group(required=True)
+    timing.add_argument("--cron", metavar="EXPR", help="a cron expression, e.g. '0 3 * * *' (in --timezone)")
+    timing.add_argument("--every", metavar="SECONDS", type=float, help="fire every SECONDS seconds")
+    add.add_argument("--timezone", default="UTC", metavar="TZ", help="the cron expression's time zone (default UTC)")
+    add.add_argument("--priority", type=float, default=0.0, help="each fired job's priority (default 0)")
+    add.add_argument("-a", dest="args", action="append", default=[], metavar="ARG=VALUE", help="a spider argument")
+    add.add_argument("-s", dest="settings", action="append", default=[], metavar="SETTING=VALUE",
+                     help="a Scrapy setting of the crawl")
+    add.add_argument("--overlap", choices=("skip", "queue"), default="skip",
+                     help="skip (default): no firing while the previous fired job still waits or runs; queue: fire")
+    listing = action(periodic, "list", run_list, "list the periodic jobs")
+    listing.add_argument("--project", help="only this project's")
+    for name, run, help_text in (
+        ("remove", run_remove, "remove a periodic job (jobs it fired stay)"),
+        ("pause", run_pause, "stop firing a periodic job until resumed"),
+        ("resume", run_resume, "fire a paused periodic job again, from its next due time"),
+    ):
+        action(periodic, name, run, help_text).add_argument("name", metavar="NAME")
+
+    limit = group("limit", LIMIT_HELP)
+    limit_set = action(limit, "set", run_limit_set, "limit a spider's crawls running at once in the cluster")
+    limit_set.add_argument("project", metavar="PROJECT")
+    limit_set.add_argument("spider", metavar="SPIDER")
+    limit_set.add_argument("max_running", metavar="N", type=int)
+    action(limit, "list", run_limit_list, "list the limits, with how many crawls of each spider run now")
+    limit_remove = action(limit, "remove", run_limit_remove, "remove a spider's limit")
+    limit_remove.add_argument("project", metavar="PROJECT")
+    limit_remove.add_argument("spider", metavar="SPIDER")
+
+
+def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC", priority=0.0, args=None,
+                 settings=None, overlap="skip"):
+    """A PeriodicJob checked by schedule.json's rules for what reaches the crawl (RefusedJob or
+    InvalidScheduleError say why not)."""
+    from scrapyd_pgqueue.job_requests import job_from_json
+    from scrapyd_pgqueue.store import PeriodicJob, Timing, check_timing
+
+    timing = check_timing(Timing(cron=cron, timezone=timezone, every_seconds=every))
+    job_from_json({"spider": spider, "args": args or {}, "settings": settings or {}})  # RefusedJob: what is wrong
+    return PeriodicJob(name, project, spider, timing, priority, dict(args or {}), dict(settings or {}), overlap)
+
+
+def _store(args):
+    from scrapyd_pgqueue.store import ScheduleStore
+
+    return ScheduleStore.for_url(args.database_url)
+
+
+def _pairs(what: str, given: list[str]) -> dict[str, str]:
+    """NAME=VALUE options as a dict; ValueError naming a malformed one."""
+    pairs = {}
+    for item in given:
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise ValueError(f"{what} must be NAME=VALUE, not {item!r}")
+        pairs[name] = value
+    return pairs
+
+
+def _schedule(row) -> str:
+    return f"cron '{row.cron}' {row.timezone}" if row.cron is not None else f"every {row.every_seconds:g}s"
+
+
+# --- periodic ----------------------------------------------------------------------------------------------------
+
+
+def run_add(args) -> int:
+    from scrapyd_pgqueue.job_requests import RefusedJob
+    from scrapyd_pgqueue.store import DuplicateScheduleError, InvalidScheduleError
+
+    try:
+        job = periodic_job(
+            args.name, args.project, args.spider, cron=args.cron, every=args.every, timezone=args.timezone,
+            priority=args.priority, args=_pairs("-a", args.args), settings=_pairs("-s", args.settings),
+            overlap=args.overlap,
+        )
+        due = _store(args).add_periodic(job)
+    except (ValueError, RefusedJob, InvalidScheduleError, DuplicateScheduleError) as e:
+        return admin._fail(str(e))
+    if args.json:
+        admin._print_json({"name": args.name, "next_fire_time": due})
+    else:
+        print(f"Periodic job {args.name} added: {args.project}/{args.spider}, first due {admin._when(due)}.")
+    return 0
+
+
+def run_list(args) -> int:
+    rows = _store(args).list_periodic(args.project)
+    if args.json:
+        admin._print_json({"periodic": rows})
+        return 0
+    print(f"Periodic jobs: {len(rows)}")
+    if rows:
+        print(admin.table(
+            ["NAME", "PROJECT", "SPIDER", "SCHEDULE", "OVERLAP", "STATE", "NEXT", "LAST JOB", "LAST STATUS", "FIRED",
+             "SKIPPED"],
+            [(r.name, r.project, r.spider, _schedule(r), r.overlap, "paused" if r.paused else "active",
+              admin._when(r.next_fire_time), r.last_job, r.last_status, r.fired, r.skipped) for r in rows],
+        ))
+    return 0
+
+
+def run_remove(args) -> int:
+    return _change(args, "remove_periodic", "removed", {"removed": True})
+
+
+def run_pause(args) -> int:
+    return _change(args, "pause_periodic", "paused", {"paused": True})
+
+
+def run_resume(args) -> int:
+    return _change(args, "resume_periodic", "active", {"paused": False})
+
+
+def _change(args, operation: str, state: str, answer: dict) -> int:
+    from scrapyd_pgqueue.store import ScheduleNotFoundError
+
+    try:
+        due = getattr(_store(args), operation)(args.name)
+    except ScheduleNotFoundError as e:
+        return admin._fail(str(e))
+    if due is not None:
+        answer = {**answer, "next_fire_time": due}
+    if args.json:
+        admin._print_json({"name": args.name, **answer})
+    else:
+        print(f"Periodic job {args.name} {state}{f', next due {admin._when(due)}' if due is not None else ''}.")
+    return 0
+
+
+# --- limit -------------------------------------------------------------------------------------------------------
+
+
+def run_limit_set(args) -> int:
+    from scrapyd_pgqueue.store import InvalidScheduleError
+
+    try:
+        _store(args).set_limit(args.project, args.spider, args.max_running)
+    except InvalidScheduleError as e:
+        return admin._fail(str(e))
+    if args.json:
+        admin._print_json({"project": args.project, "spider": args.spider, "max_running": args.max_running})
+    else:
+        print(f"At most {args.max_running} crawls of {args.project}/{args.spider} at once in the cluster.")
+    return 0
+
+
+def run_limit_list(args) -> int:
+    limits = _store(args).list_limits()
+    if args.json:
+        admin._print_json({"limits": limits})
+        return 0
+    print(f"Limits: {len(limits)}")
+    if limits:
+        print(admin.table(["PROJECT", "SPIDER", "MAX RUNNING", "RUNNING"],
+                          [(row.project, row.spider, row.max_running, row.running) for row in limits]))
+    return 0
+
+
+def run_limit_remove(args) -> int:
+    from scrapyd_pgqueue.store import ScheduleNotFoundError
+
+    try:
+        _store(args).remove_limit(args.project, args.spider)
+    except ScheduleNotFoundError as e:
+        return admin._fail(str(e))
+    if args.json:
+        admin._print_json({"project": args.project, "spider": args.spider, "removed": True})
+    else:
+        print(f"No limit on {args.project}/{args.spider} any more.")
+    return 0
