@@ -39,6 +39,11 @@ SERVICES = {
     "daemonstatus.json": "scrapyd_pgqueue.webservice.DaemonStatus",
     "cancel.json": "scrapyd_pgqueue.webservice.Cancel",
     "logs": "scrapyd_pgqueue.webservice.Logs",
+    "addperiodic.json": "scrapyd_pgqueue.schedule_services.AddPeriodic",
+    "listperiodic.json": "scrapyd_pgqueue.schedule_services.ListPeriodic",
+    "delperiodic.json": "scrapyd_pgqueue.schedule_services.DelPeriodic",
+    "pauseperiodic.json": "scrapyd_pgqueue.schedule_services.PausePeriodic",
+    "resumeperiodic.json": "scrapyd_pgqueue.schedule_services.ResumePeriodic",
 }
 # What goes wrong when the shared queue runs with Scrapyd's own piece instead of ours.
 CONSEQUENCES = {

@@ -76,6 +76,10 @@ def runs_of(tmp_path, job) -> list[dict]:
     return [run for run in runs(tmp_path) if run["job"] == job]
 
 
+def ends(tmp_path) -> list[dict]:
+    """The crawls that closed, one record each (``ended``: when the spider closed), as ``runs`` has their starts."""
+    path = tmp_path / "records" / "ends.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def jobs(url, *names):

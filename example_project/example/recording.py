@@ -19,7 +19,8 @@ class RecordingSpider(scrapy.Spider):
 
     When the ``EXAMPLE_RECORD_DIR`` setting (defaulting to the environment
     variable of the same name) is set, one JSON line is appended per run to
-    ``<EXAMPLE_RECORD_DIR>/runs.jsonl``.
+    ``<EXAMPLE_RECORD_DIR>/runs.jsonl``, and one per run that closed to
+    ``<EXAMPLE_RECORD_DIR>/ends.jsonl``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -41,23 +42,37 @@ class RecordingSpider(scrapy.Spider):
         return spider
 
     def record_run(self, record_dir):
+        self.append_record(record_dir, "runs.jsonl", {
+            "job": self.job,
+            "spider": self.name,
+            "pid": os.getpid(),
+            "node": os.environ.get("SCRAPYD_NODE_NAME"),
+            "args": self.spider_args,
+            "started": time.time(),
+        })
+
+    def closed(self, reason):
+        # The end of each run as well (<EXAMPLE_RECORD_DIR>/ends.jsonl), so that
+        # tests can tell which crawls ran at the same time.
+        self.append_record(self.crawler.settings.get("EXAMPLE_RECORD_DIR"), "ends.jsonl", {
+            "job": self.job,
+            "spider": self.name,
+            "pid": os.getpid(),
+            "node": os.environ.get("SCRAPYD_NODE_NAME"),
+            "ended": time.time(),
+            "reason": reason,
+        })
+
+    @staticmethod
+    def append_record(record_dir, filename, record):
         if not record_dir:
             return
-        line = json.dumps(
-            {
-                "job": self.job,
-                "spider": self.name,
-                "pid": os.getpid(),
-                "node": os.environ.get("SCRAPYD_NODE_NAME"),
-                "args": self.spider_args,
-                "started": time.time(),
-            }
-        ) + "\n"
+        line = json.dumps(record) + "\n"
         os.makedirs(record_dir, exist_ok=True)
         # O_APPEND plus a single write() per line: lines written concurrently by
         # crawls on several nodes/processes do not interleave.
         fd = os.open(
-            os.path.join(record_dir, "runs.jsonl"),
+            os.path.join(record_dir, filename),
             os.O_WRONLY | os.O_APPEND | os.O_CREAT,
             0o644,
         )
