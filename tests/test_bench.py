@@ -67,3 +67,25 @@ def test_quick_benchmark_writes_every_series(database_url, tmp_path):
     assert [p["pending"] for p in document["suites"]["depth"]["series"]["claim_latency"]["points"]] == [1000, 20000]
     assert set(document["suites"]["churn"]["series"]["stages"]) == {"fresh", "after_churn", "after_manual_vacuum"}
     assert output.with_suffix(".txt").exists()
+
+
+@pytest.mark.timeout(60)
+def test_quick_delayed_suite_writes_its_series(database_url, tmp_path):
+    # The delayed suite on its own (quick: 20,000 delayed jobs), few samples: about 10 s.
+    output = tmp_path / "results.json"
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("SCRAPYD_")}
+    command = [sys.executable, "-m", "bench", "--quick", "--suites", "delayed", "--latency-samples", "20",
+               "--database-url", database_url, "--output", str(output)]
+
+    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=50)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    result = json.loads(output.read_text())["suites"]["delayed"]
+    assert set(result["series"]) == {"claim_latency", "explain"}
+    points = result["series"]["claim_latency"]["points"]
+    assert [point["scenario"] for point in points] == ["empty", "delayed", "delayed_due", "empty_again"]
+    assert result["parameters"]["delayed_counted"] == 20_000
+    # The claims of delayed_due promoted delayed jobs, and the EXPLAIN saw the delayed index in every state.
+    assert any(points[2][path]["promoted"] > 0 for path in ("pgqueue_pop", "claim_next_jobs_projects"))
+    for point in result["series"]["explain"]["points"]:
+        assert any(scan["index"] == "spider_job_delayed_idx" for scan in point["claim_project"]["scans"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from bench.suites import bulk, churn, crawlstart, depth, idle, scale, throughput, wakeup
+from bench.suites import bulk, churn, crawlstart, delayed, depth, idle, scale, throughput, wakeup
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ SUITES = [
     Suite("throughput", throughput),
     Suite("depth", depth),
     Suite("churn", churn),
+    Suite("delayed", delayed),
     Suite("wakeup", wakeup),
     Suite("idle", idle),
     Suite("crawlstart", crawlstart),
