@@ -163,11 +163,12 @@ def test_a_limited_spider_never_overlaps_beyond_its_limit_while_others_fill_the_
     url, admin_url = database
     cluster = start_cluster(url, 3, max_proc="4")  # 12 slots
     assert cli.main(["limit", "set", "example", "sleeper", "2", "--database-url", admin_url]) == 0
-    # The limited spider's jobs rank first; quotes (three pages a second apart) fill every other slot meanwhile.
-    sleepers = [{"spider": "sleeper", "priority": 10, "jobid": f"s{i}", "args": {"seconds": "3"}} for i in range(8)]
-    quotes = [{"spider": "quotes", "jobid": f"q{i}", "settings": {"DOWNLOAD_DELAY": "1",
+    # The limited spider's jobs rank first; quotes (three pages 3 s apart: few crawl start-ups to share the two
+    # cores with) fill every other slot meanwhile.
+    sleepers = [{"spider": "sleeper", "priority": 10, "jobid": f"s{i}", "args": {"seconds": "2"}} for i in range(6)]
+    quotes = [{"spider": "quotes", "jobid": f"q{i}", "settings": {"DOWNLOAD_DELAY": "3",
                                                                   "RANDOMIZE_DOWNLOAD_DELAY": "False"}}
-              for i in range(60)]
+              for i in range(40)]
     body = json.dumps({"project": "example", "jobs": sleepers + quotes})
     answer = requests.post(f"{cluster.nodes[0].url}schedule_batch.json", data=body, timeout=60).json()
     assert answer["status"] == "ok", answer
@@ -179,7 +180,8 @@ def test_a_limited_spider_never_overlaps_beyond_its_limit_while_others_fill_the_
     busy = wait_for(lambda: (r := running()).get("sleeper") == 2 and sum(r.values()) == 12
                     and query(admin_url, "SELECT count(*) FROM spider_job WHERE spider = 'sleeper' "
                                          "AND status = 'pending'")[0][0] > 0 and r, 60, "every slot busy")
-    wait_for(lambda: len([end for end in ends(tmp_path) if end["spider"] == "sleeper"]) == 8, 120, "every sleeper")
+    wait_for(lambda: len([end for end in ends(tmp_path) if end["spider"] == "sleeper"]) == len(sleepers), 120,
+             "every sleeper to end")
     query(admin_url, "DELETE FROM spider_job WHERE status = 'pending'")  # the quotes left: the test is over
 
     started = {run["job"]: run["started"] for run in runs(tmp_path) if run["spider"] == "sleeper"}
@@ -188,7 +190,8 @@ def test_a_limited_spider_never_overlaps_beyond_its_limit_while_others_fill_the_
     overlap = max_overlap([(started[job], ended[job]) for job in started])
     quotes_during = [run for run in runs(tmp_path) if run["spider"] == "quotes"
                      and min(started.values()) < run["started"] < max(ended.values())]
-    print(f"busy {busy}; sleepers overlapped at most {overlap}; {len(quotes_during)} quotes crawls started meanwhile")
+    print(f"busy {busy}; sleepers overlapped at most {overlap}, over {max(ended.values()) - min(started.values()):.1f}s; "
+          f"{len(quotes_during)} quotes crawls started meanwhile")
     assert overlap == 2  # the limit, reached and never passed
     assert len(quotes_during) >= 10
 

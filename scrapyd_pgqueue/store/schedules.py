@@ -13,7 +13,6 @@ import datetime
 import functools
 import math
 import uuid
-import zoneinfo
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,7 +204,7 @@ class FiredJob:
     due: datetime.datetime
 
 
-@dataclass(frozen=True)
+@dataclass
 class Firing:
     """What one firing pass did, and in how many seconds the next periodic job is due (None: none is active)."""
 
@@ -293,7 +292,7 @@ class ScheduleStore:
                 due = connection.execute(LOCK_DUE_PERIODIC, {"limit": FIRED_PER_TRANSACTION}).all()
                 for row in due:
                     self._fire(connection, row, firing)
-            firing = Firing(firing.fired, firing.skipped, firing.broken, self._next_due_in())
+            firing.next_due_in = self._next_due_in()
             if len(due) < FIRED_PER_TRANSACTION:
                 break  # what is still due is another node's, being fired now
         return firing
@@ -314,7 +313,7 @@ class ScheduleStore:
                 return
             message = {**row.args, "name": row.spider, "_job": uuid.uuid1().hex, "settings": row.settings}
             rows = queue.job_rows(row.project, [(message, row.priority, JobOptions(periodic=row.name))], False)
-        except (ValueError, KeyError, zoneinfo.ZoneInfoNotFoundError) as e:  # stored by hand, or tzdata changed
+        except (ValueError, TypeError, KeyError) as e:  # stored by hand, or the time zone database changed
             firing.broken.append((row.name, str(e)))
             retry = row.now + datetime.timedelta(seconds=BROKEN_RETRY_SECONDS)
             _moved_on(connection.execute(SKIPPED_PERIODIC, {**cas, "next_fire_time": retry, "counted": 0}), row.name)
