@@ -307,16 +307,16 @@ class ScheduleStore:
         try:
             cas["next_fire_time"] = first_due_after(Timing(row.cron, row.timezone, row.every_seconds), row.now,
                                                     row.next_fire_time)
-            if row.busy and row.overlap == "skip":
-                _moved_on(connection.execute(SKIPPED_PERIODIC, {**cas, "counted": 1}), row.name)
-                firing.skipped.append(row.name)
-                return
             message = {**row.args, "name": row.spider, "_job": uuid.uuid1().hex, "settings": row.settings}
             rows = queue.job_rows(row.project, [(message, row.priority, JobOptions(periodic=row.name))], False)
         except (ValueError, TypeError, KeyError) as e:  # stored by hand, or the time zone database changed
             firing.broken.append((row.name, str(e)))
             retry = row.now + datetime.timedelta(seconds=BROKEN_RETRY_SECONDS)
             _moved_on(connection.execute(SKIPPED_PERIODIC, {**cas, "next_fire_time": retry, "counted": 0}), row.name)
+            return
+        if row.busy and row.overlap == "skip":
+            _moved_on(connection.execute(SKIPPED_PERIODIC, {**cas, "counted": 1}), row.name)
+            firing.skipped.append(row.name)
             return
         enqueued = queue.insert_jobs(connection, row.project, rows)
         if not enqueued:
