@@ -67,7 +67,7 @@ class SpiderJob(Base):
     created_time: Mapped[datetime.datetime] = mapped_column(DateTime)
     start_time: Mapped[datetime.datetime | None] = mapped_column(DateTime)
     end_time: Mapped[datetime.datetime | None] = mapped_column(DateTime)
-    # Scheduling (0004): when a delayed job is due (database clock), its unique key among waiting jobs, retries
+    # Scheduling (0004): when the job is (or was) due (database clock), its unique key among waiting jobs, retries
     # allowed after failures and the backoff's base, failures so far, and the periodic job that fired it.
     run_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
     unique_key: Mapped[str | None] = mapped_column(Text)
@@ -89,6 +89,8 @@ class SpiderJob(Base):
         ),
         # Due delayed jobs, earliest first (the claim reads its head).
         Index("spider_job_delayed_idx", "run_at", postgresql_where=text("status = 'delayed'")),
+        # Past-due counts: pending jobs by the time they became due.
+        Index("spider_job_pending_due_idx", "run_at", postgresql_where=text("status = 'pending'")),
         # _unique_key: one waiting job per key and project.
         Index(
             "spider_job_waiting_unique_key",

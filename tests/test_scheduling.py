@@ -229,3 +229,15 @@ def test_delayed_retried_and_unique_jobs_on_three_nodes(database, start_cluster,
     assert moved == {**moved, "jobid": job, "existing": True}
     wait_for(lambda: runs_of(tmp_path, job), 30, "the moved job to run now")
     assert len(runs_of(tmp_path, job)) == 1
+
+
+def test_counts_tell_delayed_past_due_and_dead_jobs(database_url):
+    store, cluster = JobStore.for_url(database_url), ClusterStore.for_url(database_url)
+    store.enqueue("p", {"name": "s", "_job": "late"}, options=JobOptions(run_at=time.time() - 120))
+    store.enqueue("p", {"name": "s", "_job": "fresh"})
+    store.enqueue("p", {"name": "s", "_job": "later"}, options=JobOptions(delay=600))
+    counts = cluster.cluster_counts(lease_seconds=30, past_due_seconds=60)
+    assert (counts.pending, counts.delayed, counts.past_due, counts.dead) == (2, 1, 1, 0)
+    [by_spider] = cluster.counts_by_spider(past_due_seconds=60)
+    assert by_spider == {"project": "p", "spider": "s", "delayed": 1, "pending": 2, "past_due": 1, "running": 0,
+                         "dead": 0}

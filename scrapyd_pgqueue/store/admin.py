@@ -65,7 +65,7 @@ REQUEUE_DEAD = text(f"""
     WITH requeued AS (
         UPDATE spider_job AS j
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
-            pid = NULL, start_time = NULL, end_time = NULL, run_at = NULL, failures = 0, created_time = :now,
+            pid = NULL, start_time = NULL, end_time = NULL, run_at = now(), failures = 0, created_time = :now,
             cancel_requested = false, cancel_requests = 0, cancel_signal = NULL,
             unique_key = {KEY_UNLESS_TAKEN.format(row="j")}
         WHERE status = 'terminated' AND outcome = 'dead' AND message IS NOT NULL
@@ -100,12 +100,12 @@ OUTCOME_COUNTS = text("""
     SELECT outcome, count(*) AS jobs FROM spider_job WHERE status = 'terminated' GROUP BY outcome ORDER BY outcome
 """)
 
-# The newest :limit jobs that did not end well: failed, lost (recovery gave up) or interrupted.
+# The newest :limit jobs that did not end well: failed, lost (recovery gave up), interrupted or dead.
 TROUBLED_JOBS = text("""
     SELECT id, project, spider, job, status, outcome, exit_code, reason, node, pid, attempts, priority, version,
            start_time, end_time
     FROM spider_job
-    WHERE status = 'terminated' AND outcome IN ('failed', 'lost', 'interrupted')
+    WHERE status = 'terminated' AND outcome IN ('failed', 'lost', 'interrupted', 'dead')
     ORDER BY end_time DESC, id DESC
     LIMIT :limit
 """)
@@ -126,7 +126,7 @@ PROJECTS_OF_JOB = text("SELECT DISTINCT project FROM spider_job WHERE job = :job
 # Put the newest terminated run of :project/:job back to pending as it was scheduled (its message), and wake idle
 # nodes. attempts keeps counting, so a late writer of an old claim can never finish the new one. The live-job
 # unique index refuses it while the same job id is pending or running.
-REQUEUE = text("""
+REQUEUE = text(f"""
     WITH target AS (
         SELECT id FROM spider_job
         WHERE project = :project AND job = :job AND status = 'terminated' AND message IS NOT NULL
@@ -136,7 +136,8 @@ REQUEUE = text("""
     ), requeued AS (
         UPDATE spider_job AS j
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
-            pid = NULL, start_time = NULL, end_time = NULL, created_time = :now,
+            pid = NULL, start_time = NULL, end_time = NULL, created_time = :now, run_at = now(),
+            unique_key = {KEY_UNLESS_TAKEN.format(row="j")},
             cancel_requested = false, cancel_requests = 0, cancel_signal = NULL
         FROM target
         WHERE j.id = target.id

@@ -123,8 +123,8 @@ FINISHED_JOBS = text("""
     LIMIT :limit
 """)
 
-# The cluster at a glance. Pending, delayed and past-due jobs (pending for :past_due seconds since they were due)
-# are counted up to :cap only (an exact count of a huge backlog is a scan
+# The cluster at a glance. Pending, delayed and past-due jobs (pending for :past_due seconds since they were due:
+# a range of spider_job_pending_due_idx) are counted up to :cap only (an exact count of a huge backlog is a scan
 # costing tens of milliseconds, trap 14), with the planner's estimate of the pending index's size for beyond;
 # running and finished jobs are few (process slots; pruned to finished_to_keep); live nodes are those not stopped
 # whose heartbeat is within :lease_seconds (database clock).
@@ -135,8 +135,7 @@ CLUSTER_COUNTS = text("""
                AS delayed,
            (SELECT count(*) FROM (
                 SELECT 1 FROM spider_job
-                WHERE status = 'pending'
-                  AND coalesce(run_at, CAST(created_time AS timestamptz)) < now() - make_interval(secs => :past_due)
+                WHERE status = 'pending' AND run_at < now() - make_interval(secs => :past_due)
                 LIMIT :cap) AS capped) AS past_due,
            (SELECT count(*) FROM spider_job WHERE status = 'terminated' AND outcome = 'dead') AS dead,
            (SELECT reltuples FROM pg_class WHERE oid = CAST('spider_job_pending_idx' AS regclass)) AS pending_estimate,

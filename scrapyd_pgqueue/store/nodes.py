@@ -68,7 +68,7 @@ RECOVER_EXPIRED_LEASES = text(f"""
                           WHEN j.retries > 0 THEN 'delayed' ELSE 'pending' END,
             outcome = expired.outcome,
             run_at = CASE WHEN expired.outcome IS NULL AND j.retries > 0
-                          THEN now() + make_interval(secs => j.retry_delay * 2 ^ j.failures) END,
+                          THEN now() + make_interval(secs => j.retry_delay * 2 ^ j.failures) ELSE j.run_at END,
             failures = j.failures + CASE WHEN j.retries > 0 AND NOT j.cancel_requested THEN 1 ELSE 0 END,
             unique_key = CASE WHEN expired.outcome IS NULL THEN {KEY_UNLESS_TAKEN.format(row="j")}
                               ELSE j.unique_key END,

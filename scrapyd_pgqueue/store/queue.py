@@ -42,7 +42,7 @@ from scrapyd_pgqueue.store.nodes import NodeLeases
 # Add jobs, all or none, in one statement; one NOTIFY wakes idle nodes (delivered on commit, so a woken node finds
 # the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in the arrays' order (ORDER
 # BY n), so their ids, and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on
-# the database's clock) waits as 'delayed'. A unique key already held by a waiting job of the project updates that
+# the database's clock) waits as 'delayed'; run_at is every job's due time (past-due counts read it). A unique key already held by a waiting job of the project updates that
 # job instead (spider_job_waiting_unique_key decides, also between concurrent schedules): with the new run time,
 # priority, arguments and settings for the keys in :replace_keys, unchanged otherwise, its job id kept; RETURNING
 # says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
@@ -62,7 +62,7 @@ ENQUEUE_JOBS = text("""
         INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
                                      retries, retry_delay, periodic, created_time)
         SELECT :project, spider, job, version, priority, message,
-               CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, CASE WHEN due > now() THEN due END,
+               CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
                unique_key, retries, retry_delay, periodic, :now
         FROM batch
         WHERE clock_timestamp() < to_timestamp(:answer_by)

@@ -60,6 +60,12 @@ def upgrade() -> None:
     op.create_index(
         "spider_job_delayed_idx", "spider_job", ["run_at"], postgresql_where=sa.text("status = 'delayed'")
     )
+    # Past-due counts: pending jobs by the time they became due, read up to a cap from this index's head. A pending
+    # job's run_at is its due time (its enqueue, or the end of its delay); the waiting ones get theirs now.
+    op.execute("UPDATE spider_job SET run_at = CAST(created_time AS timestamptz) WHERE status = 'pending'")
+    op.create_index(
+        "spider_job_pending_due_idx", "spider_job", ["run_at"], postgresql_where=sa.text("status = 'pending'")
+    )
     # _unique_key: one waiting job per key and project, enforced by the database for concurrent schedules.
     op.create_index(
         "spider_job_waiting_unique_key",
@@ -124,6 +130,7 @@ def downgrade() -> None:
     op.drop_index("spider_job_ongoing_spider_idx", "spider_job")
     op.drop_index("spider_job_pending_spider_idx", "spider_job")
     op.drop_index("spider_job_waiting_unique_key", "spider_job")
+    op.drop_index("spider_job_pending_due_idx", "spider_job")
     op.drop_index("spider_job_delayed_idx", "spider_job")
     op.execute("DELETE FROM spider_job WHERE status = 'delayed' OR outcome = 'dead'")
     op.drop_index("spider_job_live_job_key", "spider_job")
