@@ -224,3 +224,46 @@ def test_the_listener_hears_postgres_directly_and_falls_back_to_polling_behind_p
     finally:
         direct.stop()
         bounced.stop()
+
+
+def _migrate_to(url, revision, down=False):
+    """Upgrade (or downgrade) the schema of ``url`` to ``revision`` in one transaction, as db.migrate does."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine
+
+    config = Config()
+    config.set_main_option("script_location", db._alembic_config().get_main_option("script_location"))
+    engine = create_engine(db.normalise_url(url))
+    try:
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            (command.downgrade if down else command.upgrade)(config, revision)
+    finally:
+        engine.dispose()
+
+
+def test_0003_upgrades_a_populated_queue_and_keeps_every_row(database_url):
+    _migrate_to(database_url, "0002")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, priority, message, status, worker, end_time, created_time)
+        SELECT 'p', 's', 'job-' || i, i %% 10, jsonb_build_object('name', 's', '_job', 'job-' || i),
+               (ARRAY['pending', 'ongoing', 'terminated'])[1 + i %% 3],
+               CASE WHEN i %% 3 = 1 THEN 'w' END, CASE WHEN i %% 3 = 2 THEN localtimestamp END, localtimestamp
+        FROM generate_series(1, %s) AS i
+    """, (3000,))
+    before = query(database_url, "SELECT id, status, job, priority FROM spider_job ORDER BY id")
+
+    _migrate_to(database_url, "0003")
+
+    assert query(database_url, "SELECT id, status, job, priority FROM spider_job ORDER BY id") == before
+    [(options,)] = query(database_url, "SELECT reloptions FROM pg_class WHERE relname = 'spider_job'")
+    assert "autovacuum_vacuum_cost_delay=0" in options
+    # The indexes still answer: the live key refuses a live duplicate, the job index finds a terminated job.
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        query(database_url, "UPDATE spider_job SET job = 'job-1' WHERE job = 'job-3'")
+    assert query(database_url, "SELECT status FROM spider_job WHERE job = 'job-2'") == [("terminated",)]
+
+    _migrate_to(database_url, "0002", down=True)
+    assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]
+    assert query(database_url, "SELECT reloptions FROM pg_class WHERE relname = 'spider_job'") == [(None,)]
