@@ -7,12 +7,13 @@ No Twisted here: the operator command uses it too. The web services turn ``Refus
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, JobOptions
+from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, UNIQUE_SCOPES, JobOptions
 
 # Jobs one schedule_batch.json request may carry (the command streams any number, in batches of this size).
 MAX_BATCH_JOBS = 10_000
@@ -24,6 +25,10 @@ OPTION_FIELDS = {
     "_on_conflict": "on_conflict",
     "_retries": "retries",
     "_retry_delay": "retry_delay",
+    "_parent": "parent",
+    "_unique_scope": "unique_scope",
+    "_on_complete": "on_complete",
+    "_on_complete_args": "on_complete_args",
 }
 # The keys of a batch's job object.
 JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()}
@@ -159,7 +164,33 @@ def _options(given: dict[str, Any], default_retries: int) -> JobOptions:
         if seconds is not None and not 0 <= seconds <= MAX_DELAY_SECONDS:
             raise RefusedJob(f"{what} must be between 0 and {MAX_DELAY_SECONDS} seconds, not {seconds}")
     run_at = None if given.get("run_at") is None else parse_run_at(given["run_at"])
-    return JobOptions(run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0))
+    return JobOptions(
+        run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0), **_tree_options(given)
+    )
+
+
+def _tree_options(given: dict[str, Any]) -> dict[str, Any]:
+    """parent, unique_scope, on_complete and on_complete_args (a JSON object, or its text from a form)."""
+    parent = None if given.get("parent") is None else _text("parent", given["parent"])
+    scope = given.get("unique_scope", UNIQUE_SCOPES[0])
+    if scope not in UNIQUE_SCOPES:
+        raise RefusedJob(f"unique_scope must be one of {', '.join(UNIQUE_SCOPES)}, not {_shown(str(scope))}")
+    if scope == "tree" and (parent is None or given.get("unique_key") is None):
+        raise RefusedJob("unique_scope tree needs a unique_key and a parent (the tree is the parent's)")
+    on_complete = None if given.get("on_complete") is None else _text("on_complete", given["on_complete"])
+    if on_complete is not None and parent is not None:
+        raise RefusedJob("on_complete belongs on a root (a job without a parent): its tree is its parent's")
+    args = given.get("on_complete_args")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            raise RefusedJob(f"on_complete_args must be a JSON object, not {_shown(args)}") from None
+    if args is not None:
+        if on_complete is None:
+            raise RefusedJob("on_complete_args goes with on_complete")
+        args = _strings("on_complete_args", args)
+    return {"parent": parent, "unique_scope": scope, "on_complete": on_complete, "on_complete_args": args}
 
 
 def parse_run_at(value: Any) -> float:

@@ -75,6 +75,11 @@ class SpiderJob(Base):
     retry_delay: Mapped[float] = mapped_column(server_default=text("0"))
     failures: Mapped[int] = mapped_column(server_default=text("0"))
     periodic: Mapped[str | None] = mapped_column(Text)
+    # Trees (0005): the parent's job id and row, and the root's row id for every job of a tree with children or an
+    # _on_complete.
+    parent: Mapped[str | None] = mapped_column(Text)
+    parent_id: Mapped[int | None] = mapped_column(BigInteger)
+    tree_id: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         CheckConstraint(f"status IN {STATUSES}", name="spider_job_status_check"),
@@ -127,6 +132,7 @@ class SpiderJob(Base):
         Index("spider_job_ongoing_worker_idx", "worker", postgresql_where=text("status = 'ongoing'")),
         Index("spider_job_terminated_idx", text("end_time DESC"), postgresql_where=text("status = 'terminated'")),
         Index("spider_job_job_idx", "job"),
+        Index("spider_job_tree_idx", "tree_id", postgresql_where=text("tree_id IS NOT NULL")),
     )
 
 
@@ -215,3 +221,34 @@ class PeriodicJob(Base):
         CheckConstraint("every_seconds IS NULL OR every_seconds > 0", name="periodic_job_every_check"),
         CheckConstraint("overlap IN ('skip', 'queue')", name="periodic_job_overlap_check"),
     )
+
+
+class SpiderTree(Base):
+    """A crawl tree: its open jobs, kept exact by triggers (migration 0005), and its completion."""
+
+    __tablename__ = "spider_tree"
+
+    root_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # spider_job.id of the root
+    project: Mapped[str] = mapped_column(Text)
+    root_job: Mapped[str] = mapped_column(Text)
+    open_jobs: Mapped[int]  # waiting, running or due for a retry, the root included until its crawl ends
+    total: Mapped[int]
+    on_complete: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # {"spider": ..., "args": {...}}
+    completion_job: Mapped[str | None] = mapped_column(Text)
+    cancelled: Mapped[bool] = mapped_column(server_default=text("false"))
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+    done_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (CheckConstraint("open_jobs >= 0", name="spider_tree_open_jobs_check"),)
+
+
+class SpiderTreeKey(Base):
+    """A key scheduled once in a tree (_unique_scope=tree), whatever became of its job."""
+
+    __tablename__ = "spider_tree_key"
+
+    tree_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("spider_tree.root_id", ondelete="CASCADE"), primary_key=True
+    )
+    unique_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    job: Mapped[str] = mapped_column(Text)

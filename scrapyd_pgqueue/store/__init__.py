@@ -12,6 +12,8 @@ One module per concern:
 - ``queue``: enqueue (delayed, unique), claim (due jobs, per-spider limits), waiting jobs, notify (``JobStore``).
 - ``finishing``: start, finish or retry, prune, terminated jobs (``JobEnds``, in ``JobStore``).
 - ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
+- ``trees``: crawl trees: children placed in their parent's tree, tree-scoped keys, the tree's view and cancel
+  (``TreeQueries``, in ``ClusterStore``; the open-job counts are kept by triggers, migration 0005).
 - ``cluster``: the whole cluster's view for the web services: status, lists, counts, cancel, logs (``ClusterStore``).
 - ``admin``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
 - ``eggs``: project eggs (``EggStore``).
@@ -31,6 +33,8 @@ from scrapyd_pgqueue.store.base import (
     NO_OPTIONS,
     ON_CONFLICT,
     REPLACE,
+    TREES_CHANNEL,
+    UNIQUE_SCOPES,
     NOTIFY_CHANNEL,
     PROJECTS_CHANNEL,
     ClaimedJob,
@@ -55,6 +59,7 @@ from scrapyd_pgqueue.store.cluster import (
 from scrapyd_pgqueue.store.eggs import EggStore
 from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
+from scrapyd_pgqueue.store.trees import TreeView
 from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS_OF_PROJECT, Claim, JobStore, notify_through_pool
 from scrapyd_pgqueue.store.schedules import (
     OVERLAP,
@@ -84,6 +89,8 @@ __all__ = [
     "JobOptions",
     "NO_OPTIONS",
     "ON_CONFLICT",
+    "UNIQUE_SCOPES",
+    "TREES_CHANNEL",
     "REPLACE",
     "KEEP",
     "ERROR",
@@ -100,6 +107,7 @@ __all__ = [
     "ScheduleNotFoundError",
     # rows
     "ClaimedJob",
+    "TreeView",
     "Claim",
     "Enqueued",
     "ReleasedJob",

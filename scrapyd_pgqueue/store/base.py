@@ -41,6 +41,10 @@ class JobNotFoundError(LookupError):
 # What a second schedule of a waiting job's unique key does (_on_conflict).
 REPLACE, KEEP, ERROR = "replace", "keep", "error"
 ON_CONFLICT = (REPLACE, KEEP, ERROR)
+# Where a unique key is unique: among the project's waiting jobs, or among every job of the parent's tree.
+UNIQUE_SCOPES = ("waiting", "tree")
+# Channel of the NOTIFY sent when a crawl tree is done; the payload is JSON {"project", "root", "root_id"}.
+TREES_CHANNEL = "scrapyd_pgqueue_trees"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,10 @@ class JobOptions:
     retries: int = 0  # runs again after this many failures at most, then ends "dead"
     retry_delay: float = 0.0  # the backoff's base: retry n waits retry_delay * 2 ** (n - 1)
     periodic: str | None = None  # the periodic job that fired it
+    parent: str | None = None  # the job id of the job that scheduled it (same project): it joins its tree
+    unique_scope: str = "waiting"  # or "tree": unique_key is scheduled once in the parent's tree, ever
+    on_complete: str | None = None  # on a root: the spider enqueued once when the whole tree has ended
+    on_complete_args: dict[str, str] | None = None
 
 
 NO_OPTIONS = JobOptions()

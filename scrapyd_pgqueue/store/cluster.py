@@ -13,6 +13,7 @@ from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.store.admin import OperatorQueries
+from scrapyd_pgqueue.store.trees import TreeQueries
 from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, JOB_STATUS, ClaimedJob, database_errors, now
 
 # Pending jobs daemonstatus.json counts exactly (a few milliseconds); beyond, it reports the planner's estimate.
@@ -210,7 +211,7 @@ FIND_LOG = text("""
 """)
 
 
-class ClusterStore(OperatorQueries):
+class ClusterStore(OperatorQueries, TreeQueries):
     """Job views and operations for the whole cluster: web services, cancel, logs and the operator command."""
 
     def __init__(self, engine: Engine):

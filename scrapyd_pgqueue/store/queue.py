@@ -34,6 +34,7 @@ from scrapyd_pgqueue.store.base import (
     encode_message,
     now,
 )
+from scrapyd_pgqueue.store import trees
 from scrapyd_pgqueue.store.finishing import JobEnds
 from scrapyd_pgqueue.store.nodes import NodeLeases
 
@@ -55,15 +56,16 @@ ENQUEUE_JOBS = text("""
                     CAST(:prioritys AS double precision[]), CAST(:messages AS jsonb[]),
                     CAST(:run_ats AS double precision[]), CAST(:delays AS double precision[]),
                     CAST(:unique_keys AS text[]), CAST(:retriess AS integer[]),
-                    CAST(:retry_delays AS double precision[]), CAST(:periodics AS text[]))
+                    CAST(:retry_delays AS double precision[]), CAST(:periodics AS text[]),
+                    CAST(:parents AS text[]), CAST(:parent_ids AS bigint[]), CAST(:tree_ids AS bigint[]))
              WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
-                                  retry_delay, periodic, n)
+                                  retry_delay, periodic, parent, parent_id, tree_id, n)
     ), inserted AS (
         INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
-                                     retries, retry_delay, periodic, created_time)
+                                     retries, retry_delay, periodic, parent, parent_id, tree_id, created_time)
         SELECT :project, spider, job, version, priority, message,
                CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
-               unique_key, retries, retry_delay, periodic, :now
+               unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, :now
         FROM batch
         WHERE clock_timestamp() < to_timestamp(:answer_by)
         ORDER BY n
@@ -248,14 +250,20 @@ class JobStore(NodeLeases, JobEnds):
         if not rows:
             return []
         refuse_existing = any(row["on_conflict"] == ERROR for row in rows if row["unique_key"])
-        connect = db.transaction if refuse_existing else db.autocommit
+        in_trees = trees.needs_trees(rows)
+        connect = db.transaction if refuse_existing or in_trees else db.autocommit
         with connect(self.engine) as connection:
-            enqueued = insert_jobs(connection, project, rows)
+            known = trees.place_in_trees(connection, project, rows) if in_trees else {}
+            new = [row for index, row in enumerate(rows) if index not in known]
+            inserted = insert_jobs(connection, project, new) if new else []
+            if new and not inserted:
+                raise db.too_late(self.engine, "no job was stored")
             if refuse_existing:
-                _refuse_existing_keys(rows, enqueued)  # rolls the batch back
-        if not enqueued:
-            raise db.too_late(self.engine, "no job was stored")
-        return enqueued
+                _refuse_existing_keys(new, inserted)  # rolls the batch back
+            if in_trees:
+                trees.start_trees(connection, new, inserted)
+        placed = iter(inserted)
+        return [known[index] if index in known else next(placed) for index in range(len(rows))]
 
     @database_errors
     def claim_next_jobs(
@@ -336,7 +344,7 @@ def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[En
 # The arrays ENQUEUE_JOBS takes, one element per job.
 _ENQUEUE_COLUMNS = (
     "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
-    "periodic",
+    "periodic", "parent", "parent_id", "tree_id",
 )
 
 
@@ -349,7 +357,7 @@ def job_rows(project: str, jobs, numbered: bool) -> list[dict[str, Any]]:
             rows.append(_job_row(project, message, priority, options[0] if options else NO_OPTIONS))
         except InvalidJobError as e:
             raise InvalidJobError(f"job {index}: {e}" if numbered else str(e)) from None
-    for column, what in (("job", "job id"), ("unique_key", "unique_key")):
+    for column, what in (("job", "job id"), ("unique_key", "unique_key")):  # tree keys: the first one wins
         seen: dict[str, int] = {}
         for index, row in enumerate(rows):
             if row[column] is not None and seen.setdefault(row[column], index) != index:
@@ -378,7 +386,15 @@ def _job_row(project: str, message: dict[str, Any], priority: float, options: Jo
         "message": encode_message(message),
         "run_at": options.run_at,
         "delay": options.delay,
-        "unique_key": None if options.unique_key is None else check_name("unique_key", options.unique_key),
+        # A tree-scoped key lives in spider_tree_key, not among the waiting jobs' keys.
+        "unique_key": None if options.unique_key is None or options.unique_scope == "tree"
+        else check_name("unique_key", options.unique_key),
+        "tree_key": check_name("unique_key", options.unique_key) if options.unique_scope == "tree" else None,
+        "parent": None if options.parent is None else check_name("parent job id", options.parent),
+        "parent_id": None,
+        "tree_id": None,
+        "on_complete": None if options.on_complete is None else check_name("on_complete", options.on_complete),
+        "on_complete_args": options.on_complete_args,
         "on_conflict": options.on_conflict,
         "retries": options.retries,
         "retry_delay": options.retry_delay,

@@ -1,0 +1,275 @@
+"""Crawl trees: jobs scheduled by jobs (placed in their parent's tree, keys unique in a tree), the tree's view and
+its cancel; ``TreeQueries``, part of ``cluster.ClusterStore``, and the enqueue steps ``queue.JobStore`` runs.
+
+A tree's open-job count is kept by triggers (migration 0005) in the same transaction as every insert and final
+state; this module only opens trees and reads them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, Enqueued, JobRow, database_errors, now
+
+# --- queries ---------------------------------------------------------------------------------------------------
+
+# The newest row of each parent job id of :project, with its tree (its own id for a root). Reads
+# spider_job_live_job_key or spider_job_job_idx.
+PARENTS = text("""
+    SELECT DISTINCT ON (job) job, id, coalesce(tree_id, id) AS tree_id
+    FROM spider_job WHERE project = :project AND job = ANY(:parents)
+    ORDER BY job, id DESC
+""")
+
+# Open the trees of roots getting their first child: the root joins its own tree (its row lock serialises two first
+# children scheduled at once: the second finds tree_id set and opens nothing) and counts as open until its own crawl
+# ends. The children's inserts then count themselves (trigger).
+OPEN_TREES = text("""
+    WITH roots AS (
+        UPDATE spider_job SET tree_id = id
+        WHERE id = ANY(:root_ids) AND tree_id IS NULL
+        RETURNING id, project, job, status
+    )
+    INSERT INTO spider_tree (root_id, project, root_job, open_jobs, total)
+    SELECT id, project, job, CASE WHEN status = 'terminated' THEN 0 ELSE 1 END, 1 FROM roots
+    ON CONFLICT (root_id) DO NOTHING
+""")
+
+# Open the trees of new roots with an _on_complete: open, with the root alone.
+START_TREES = text("""
+    WITH roots AS (
+        UPDATE spider_job AS j SET tree_id = j.id
+        FROM unnest(CAST(:ids AS bigint[])) AS r(id)
+        WHERE j.id = r.id
+        RETURNING j.id, j.project, j.job
+    )
+    INSERT INTO spider_tree (root_id, project, root_job, open_jobs, total, on_complete)
+    SELECT roots.id, roots.project, roots.job, 1, 1, c.on_complete
+    FROM roots JOIN unnest(CAST(:ids AS bigint[]), CAST(:on_completes AS jsonb[])) AS c(id, on_complete)
+         ON c.id = roots.id
+    ON CONFLICT (root_id) DO UPDATE SET on_complete = EXCLUDED.on_complete
+""")
+
+# Which of :tree_ids were cancelled (cancel.json _tree=1): their new children are cancelled at once.
+CANCELLED_TREES = text("SELECT root_id FROM spider_tree WHERE root_id = ANY(:tree_ids) AND cancelled")
+
+# Take each (tree, key) for its job, or find the job that took it first (a no-op update, so that RETURNING gives
+# the existing row even when another transaction committed it after this statement's snapshot).
+CLAIM_TREE_KEYS = text("""
+    INSERT INTO spider_tree_key AS k (tree_id, unique_key, job)
+    SELECT * FROM unnest(CAST(:tree_ids AS bigint[]), CAST(:keys AS text[]), CAST(:jobs AS text[]))
+    ON CONFLICT (tree_id, unique_key) DO UPDATE SET job = k.job
+    RETURNING tree_id, unique_key, job, xmax <> 0 AS existing
+""")
+
+# Cancel children just scheduled into a cancelled tree: nothing of it may wait or run again.
+CANCEL_NEW_CHILDREN = text("""
+    UPDATE spider_job
+    SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
+        end_time = :now
+    WHERE id = ANY(:ids) AND status IN ('delayed', 'pending')
+""")
+
+# The newest row of job :job (of :project, any when NULL), its parent and its tree's root.
+LINEAGE = text("""
+    SELECT j.id, j.project, j.job, j.parent, coalesce(j.tree_id, j.id) AS tree_id,
+           coalesce(t.root_job, j.job) AS root
+    FROM spider_job AS j LEFT JOIN spider_tree AS t ON t.root_id = j.tree_id
+    WHERE j.job = :job AND (CAST(:project AS text) IS NULL OR j.project = :project)
+    ORDER BY j.id DESC
+    LIMIT 1
+""")
+
+# A tree's kept jobs by state and outcome, and its times (spider_job_tree_idx; the root alone has no tree row).
+TREE_JOBS = text("""
+    SELECT status, outcome, count(*) AS jobs, min(created_time) AS created, min(start_time) AS started,
+           max(end_time) AS ended
+    FROM spider_job WHERE tree_id = :tree_id OR id = :tree_id
+    GROUP BY status, outcome
+""")
+
+# The tree's own row: exact open and total counts, completion.
+TREE = text("SELECT * FROM spider_tree WHERE root_id = :tree_id")
+
+# The newest jobs of a tree that did not end well.
+TREE_FAILURES = text("""
+    SELECT id, project, spider, job, status, outcome, exit_code, reason, node, pid, attempts, priority, version,
+           start_time, end_time
+    FROM spider_job
+    WHERE (tree_id = :tree_id OR id = :tree_id) AND outcome IN ('failed', 'lost', 'interrupted', 'dead')
+    ORDER BY end_time DESC, id DESC
+    LIMIT :limit
+""")
+
+# Cancel a whole tree: mark it (children scheduled later are cancelled as they come), cancel its waiting jobs, and
+# ask the nodes running its running jobs to signal them (one request each, NOTIFY as cancel.json does).
+CANCEL_TREE = text("""
+    WITH tree AS (
+        UPDATE spider_tree SET cancelled = true WHERE root_id = :tree_id RETURNING root_id
+    ), waiting AS (
+        UPDATE spider_job
+        SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
+            end_time = :now
+        WHERE (tree_id = :tree_id OR id = :tree_id) AND status IN ('delayed', 'pending')
+        RETURNING id
+    ), running AS (
+        UPDATE spider_job
+        SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
+        WHERE (tree_id = :tree_id OR id = :tree_id) AND status = 'ongoing'
+        RETURNING id, project, job, worker, cancel_requests, cancel_signal
+    ), notified AS (
+        SELECT pg_notify(:channel, CAST(json_build_object(
+            'id', id, 'project', project, 'job', job, 'worker', worker, 'requests', cancel_requests,
+            'signal', cancel_signal) AS text))
+        FROM running
+    )
+    SELECT (SELECT count(*) FROM waiting) AS cancelled, (SELECT count(*) FROM running) AS signalled,
+           (SELECT count(*) FROM notified) AS notified, (SELECT count(*) FROM tree) AS trees
+""")
+
+# --- the enqueue's steps ---------------------------------------------------------------------------------------
+
+
+def needs_trees(rows: list[dict[str, Any]]) -> bool:
+    return any(row["parent"] is not None or row["on_complete"] is not None for row in rows)
+
+
+def place_in_trees(connection, project: str, rows: list[dict[str, Any]]) -> dict[int, Enqueued]:
+    """Give each row with a parent its parent's row and tree (opening the tree on a root's first child), and take
+    its tree-scoped key. Rows whose key the tree already had are not to be inserted: returned by index with the
+    job that has the key."""
+    parents = sorted({row["parent"] for row in rows if row["parent"] is not None})
+    if not parents:
+        return {}
+    found = {r.job: r for r in connection.execute(PARENTS, {"project": project, "parents": parents})}
+    missing = [parent for parent in parents if parent not in found]
+    if missing:
+        from scrapyd_pgqueue.store.base import InvalidJobError
+
+        raise InvalidJobError(f"parent job '{missing[0]}' not found in project '{project}'")
+    roots = sorted({r.tree_id for r in found.values() if r.tree_id == r.id})
+    if roots:
+        connection.execute(OPEN_TREES, {"root_ids": roots})
+    for row in rows:
+        if row["parent"] is not None:
+            row["parent_id"], row["tree_id"] = found[row["parent"]].id, found[row["parent"]].tree_id
+    return _take_tree_keys(connection, rows)
+
+
+def _take_tree_keys(connection, rows: list[dict[str, Any]]) -> dict[int, Enqueued]:
+    keyed = [(i, row) for i, row in enumerate(rows) if row["tree_key"] is not None]
+    if not keyed:
+        return {}
+    first: dict[tuple[int, str], int] = {}
+    for index, row in keyed:
+        first.setdefault((row["tree_id"], row["tree_key"]), index)
+    params = {"tree_ids": [], "keys": [], "jobs": []}
+    for (tree_id, key), index in first.items():
+        params["tree_ids"].append(tree_id), params["keys"].append(key), params["jobs"].append(rows[index]["job"])
+    taken = {(r.tree_id, r.unique_key): r for r in connection.execute(CLAIM_TREE_KEYS, params)}
+    existing = {}
+    for index, row in keyed:
+        key = (row["tree_id"], row["tree_key"])
+        if taken[key].existing or first[key] != index:
+            existing[index] = Enqueued(0, taken[key].job, existing=True)
+    return existing
+
+
+def start_trees(connection, rows: list[dict[str, Any]], enqueued: list[Enqueued]) -> None:
+    """Open the trees of new roots with an _on_complete, and cancel children that joined a cancelled tree."""
+    roots = [(result.id, row) for row, result in zip(rows, enqueued)
+             if row["on_complete"] is not None and not result.existing]
+    if roots:
+        connection.execute(START_TREES, {
+            "ids": [job_id for job_id, _ in roots],
+            "on_completes": [json.dumps({"spider": row["on_complete"], "args": row["on_complete_args"] or {}})
+                             for _, row in roots],
+        })
+    tree_ids = sorted({row["tree_id"] for row in rows if row.get("tree_id") is not None})
+    if tree_ids:
+        cancelled = set(connection.execute(CANCELLED_TREES, {"tree_ids": tree_ids}).scalars())
+        ids = [result.id for row, result in zip(rows, enqueued) if row.get("tree_id") in cancelled]
+        if ids:
+            connection.execute(CANCEL_NEW_CHILDREN, {"ids": ids, "now": now()})
+
+
+# --- the tree's view and cancel --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeView:
+    """A tree at a glance (tree.json, ``scrapyd-pgqueue tree``)."""
+
+    root: str
+    project: str
+    total: int  # every job ever in the tree (pruned ones included)
+    open: int  # waiting, running or due for a retry
+    done: bool
+    by_state: dict[str, int]  # of the kept jobs: pending (delayed included), running, finished
+    by_outcome: dict[str, int]  # of the kept finished jobs
+    start_time: datetime.datetime | None
+    end_time: datetime.datetime | None  # when it was done
+    completion_job: str | None
+    cancelled: bool
+    failures: list[JobRow] = field(default_factory=list)
+
+
+SCRAPYD_STATES = {"delayed": "pending", "pending": "pending", "ongoing": "running", "terminated": "finished"}
+
+
+class TreeQueries:
+    """Crawl trees over one database (part of ``ClusterStore``)."""
+
+    engine: Engine
+
+    @database_errors
+    def lineage(self, job: str, project: str | None = None) -> tuple[str | None, str] | None:
+        """(parent, root) of the newest run of ``job``; None when unknown. A root is its own root."""
+        with db.autocommit(self.engine) as connection:
+            row = connection.execute(LINEAGE, {"job": job, "project": project}).first()
+        return None if row is None else (row.parent, row.root)
+
+    @database_errors
+    def tree(self, project: str, job: str, failures: int = 10) -> TreeView | None:
+        """The tree of which ``job`` is the root (or any job of it)."""
+        with db.autocommit(self.engine) as connection:
+            found = connection.execute(LINEAGE, {"job": job, "project": project}).first()
+            if found is None:
+                return None
+            params = {"tree_id": found.tree_id, "limit": failures}
+            tree = connection.execute(TREE, params).first()
+            groups = connection.execute(TREE_JOBS, params).all()
+            failed = [JobRow(**row._mapping) for row in connection.execute(TREE_FAILURES, params)]
+        by_state, by_outcome = {}, {}
+        for group in groups:
+            state = SCRAPYD_STATES[group.status]
+            by_state[state] = by_state.get(state, 0) + group.jobs
+            if group.outcome is not None:
+                by_outcome[group.outcome] = by_outcome.get(group.outcome, 0) + group.jobs
+        open_jobs = tree.open_jobs if tree else by_state.get("pending", 0) + by_state.get("running", 0)
+        started = min((g.started or g.created for g in groups if g.started or g.created), default=None)
+        ended = tree.done_time if tree else max((g.ended for g in groups if g.ended), default=None)
+        return TreeView(
+            root=found.root, project=found.project, total=tree.total if tree else sum(by_state.values()),
+            open=open_jobs, done=open_jobs == 0, by_state=by_state, by_outcome=by_outcome,
+            start_time=started, end_time=ended if open_jobs == 0 else None,
+            completion_job=tree.completion_job if tree else None, cancelled=bool(tree and tree.cancelled),
+            failures=failed,
+        )
+
+    @database_errors
+    def cancel_tree(self, project: str, root: str, signal: str = "INT") -> dict[str, int] | None:
+        """Cancel every waiting job of the tree of ``root`` and signal its running ones; None when unknown."""
+        with db.autocommit(self.engine) as connection:
+            found = connection.execute(LINEAGE, {"job": root, "project": project}).first()
+            if found is None:
+                return None
+            params = {"tree_id": found.tree_id, "now": now(), "signal": signal, "channel": CANCEL_CHANNEL}
+            row = connection.execute(CANCEL_TREE, params).one()
+        return {"cancelled": row.cancelled, "signalled": row.signalled}
