@@ -272,7 +272,7 @@ class PostgresLauncher(Launcher):
             self._get_message(slot)
             return
         self.processes[slot] = process
-        metrics.crawl_started(self.settings, claimed, process.start_time)
+        metrics.crawl_started(claimed)
         if claimed is not None:
             threads.deferToThread(
                 self.store.mark_started, claimed, worker=pgconfig.WORKER_ID, pid=process.pid,

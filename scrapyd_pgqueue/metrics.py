@@ -7,8 +7,6 @@ several nodes' components does not collide with the default registry.
 
 from __future__ import annotations
 
-import datetime
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 
 disable_created_metrics()  # no *_created series: they double the exposition and no panel reads them
@@ -23,7 +21,7 @@ CRAWLS_ENDED = Counter(
 )
 SCHEDULE_TO_START = Histogram(
     "scrapyd_pgqueue_schedule_to_start_seconds",
-    "Seconds from a job's scheduling (any node's clock) to this node starting its crawl.",
+    "Seconds from when a job was due (its scheduling, or its _run_at) to its claim by this node (database clock).",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
     registry=REGISTRY,
 )
@@ -37,21 +35,8 @@ for _operation in ("claim", "record", "start", "web"):
     DATABASE_ERRORS.labels(_operation)
 
 
-def crawl_started(settings, claimed, started: datetime.datetime) -> None:
-    """Launcher hook (reactor thread): count the crawl, and observe its schedule-to-start latency off the reactor."""
-    from twisted.internet import threads
-
-    from scrapyd_pgqueue.store import OverviewStore
-
+def crawl_started(claimed) -> None:
+    """Launcher hook: count the crawl, and observe how long its job waited since it was due (from the claim)."""
     CRAWLS_STARTED.inc()
-    if claimed is None:  # not from the queue (another poller): no scheduling time known
-        return
-
-    def observe(created):
-        if created is not None:
-            SCHEDULE_TO_START.observe(max(0.0, (started - created).total_seconds()))
-
-    def failed(failure):
-        DATABASE_ERRORS.labels("start").inc()
-
-    threads.deferToThread(OverviewStore.for_settings(settings).created_time, claimed.id).addCallbacks(observe, failed)
+    if claimed is not None and claimed.waited is not None:  # None: not from the queue (another poller)
+        SCHEDULE_TO_START.observe(max(0.0, claimed.waited))

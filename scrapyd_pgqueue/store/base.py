@@ -83,6 +83,7 @@ class ClaimedJob:
     job: str
     attempt: int  # the claim's number: finishing it is conditional on it
     message: dict[str, Any]
+    waited: float | None = None  # seconds from when it was due to its claim (database clock)
 
 
 @dataclass(frozen=True)

@@ -118,10 +118,6 @@ NODE_URLS = text("""
     SELECT DISTINCT ON (name) name, url FROM scrapyd_node WHERE stopped_time IS NULL ORDER BY name, started_time DESC
 """)
 
-# When job :id was scheduled (the schedule-to-start latency of a crawl this node starts).
-CREATED_TIME = text("SELECT created_time FROM spider_job WHERE id = :id")
-
-
 class OverviewStore:
     """Read-only views of the whole cluster, each bounded whatever the backlog."""
 
@@ -173,11 +169,6 @@ class OverviewStore:
     def node_urls(self) -> dict[str, str | None]:
         with db.autocommit(self.engine) as connection:
             return {row.name: row.url for row in connection.execute(NODE_URLS)}
-
-    @database_errors
-    def created_time(self, job_id: int) -> datetime.datetime | None:
-        with db.autocommit(self.engine) as connection:
-            return connection.execute(CREATED_TIME, {"id": job_id}).scalar()
 
 
 @functools.cache

@@ -132,11 +132,13 @@ def _claim_statement(which_projects: str):
             SET status = 'ongoing', node = :node, worker = :worker, start_time = :now, attempts = j.attempts + 1
             FROM next_jobs
             WHERE j.id = next_jobs.id
-            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority
+            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                      CAST(extract(epoch FROM now() - j.run_at) AS double precision) AS waited
         )
-        SELECT id, project, job, attempts, message, priority, NULL AS promoted, NULL AS next_due_in FROM claimed
+        SELECT id, project, job, attempts, message, priority, waited, NULL AS promoted, NULL AS next_due_in
+        FROM claimed
         UNION ALL
-        SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+        SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                (SELECT count(*) FROM promoted) + 0 * (SELECT count(*) FROM woken),
                (SELECT extract(epoch FROM min(run_at) - now()) FROM spider_job
                 WHERE status = 'delayed' AND {which_projects})
@@ -291,7 +293,7 @@ class JobStore(NodeLeases, JobEnds):
         summary = next(row for row in rows if row.id is None)
         jobs = sorted((row for row in rows if row.id is not None), key=lambda row: (-row.priority, row.id))
         return Claim(
-            [ClaimedJob(row.id, row.project, row.job, row.attempts, row.message) for row in jobs],
+            [ClaimedJob(row.id, row.project, row.job, row.attempts, row.message, row.waited) for row in jobs],
             summary.promoted or 0,
             None if summary.next_due_in is None else float(summary.next_due_in),
         )
