@@ -13,7 +13,7 @@ import json
 import re
 import sys
 
-from scrapyd_pgqueue import schedule_commands
+from scrapyd_pgqueue import schedule_commands, tree_commands
 
 # How long a stopped node stays in ``status``: long enough to see a node that just went away.
 RECENTLY_STOPPED_SECONDS = 3600
@@ -69,6 +69,7 @@ def add_commands(commands, database_url_argument) -> None:
                        help="delete finished jobs that ended more than AGE ago: 90s, 30m, 12h, 7d, 2w")
 
     schedule_commands.add_commands(commands, database_url_argument)  # periodic add|list|..., limit set|list|remove
+    tree_commands.add_commands(commands, database_url_argument)  # tree JOB
 
 
 def duration(text: str) -> datetime.timedelta:

@@ -44,6 +44,7 @@ SERVICES = {
     "delperiodic.json": "scrapyd_pgqueue.schedule_services.DelPeriodic",
     "pauseperiodic.json": "scrapyd_pgqueue.schedule_services.PausePeriodic",
     "resumeperiodic.json": "scrapyd_pgqueue.schedule_services.ResumePeriodic",
+    "tree.json": "scrapyd_pgqueue.tree_services.Tree",
 }
 # What goes wrong when the shared queue runs with Scrapyd's own piece instead of ours.
 CONSEQUENCES = {

@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue import metrics
 from scrapyd_pgqueue.db import ThrottledLog
 from scrapyd_pgqueue.eggstorage import EGG_FILE_VARIABLE
@@ -258,6 +259,8 @@ class PostgresLauncher(Launcher):
             message["settings"].update(environment.get_settings(message))
             env = environment.get_environment(message, slot)
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
+            # Crawl trees (scrapyd_pgqueue.crawl): the crawl's job id, and the queue for the jobs it schedules.
+            env.update(crawl.crawl_environment(message["_job"], self.settings))
             if egg is not None:
                 env[EGG_FILE_VARIABLE] = egg
             args = [sys.executable, "-m", self.runner, "crawl", *get_crawl_args(message)]

@@ -75,7 +75,10 @@ class Status(ClusterResource):
     @param("project", required=False)
     def render_GET(self, txrequest, job, project):
         self.check_project(project)
-        return {"currstate": self.store.job_status(job, project)}
+        currstate = self.store.job_status(job, project)
+        # Crawl trees: the job's parent and its tree's root (itself for a root), null for an unknown job.
+        parent, root = self.store.lineage(job, project) or (None, None)
+        return {"currstate": currstate, "parent": parent, "root": root}
 
 
 class ListJobs(ClusterResource):
@@ -164,11 +167,18 @@ class Cancel(ClusterResource):
     @param("project")
     @param("job")
     @param("signal", required=False, default="INT")
-    def render_POST(self, txrequest, project, job, signal):
+    @param("_tree", dest="tree", required=False, default="0")
+    def render_POST(self, txrequest, project, job, signal, tree):
         self.check_project(project)
         if not (signal.isdigit() or signal in SIGNAL_NAMES):
             names = ", ".join(SIGNAL_NAMES).encode()
             raise error.Error(code=http.OK, message=b"signal must be a number or one of " + names)
+        if tree not in ("0", "1"):
+            raise error.Error(code=http.OK, message=b"_tree must be 0 or 1")
+        if tree == "1":  # the whole tree of root job (crawl trees: tree_services.cancel_tree)
+            from scrapyd_pgqueue.tree_services import cancel_tree
+
+            return cancel_tree(self.store, project, job, signal)
         return {"prevstate": self.store.cancel_job(project, job, signal)}
 
 

@@ -1,0 +1,351 @@
+"""Schedule follow-up jobs from inside a running crawl: the public API of crawl trees.
+
+A crawl started by a node of the cluster schedules more jobs into the shared queue, each a child of the crawl
+itself (it joins the crawl's tree: see the README's "Crawl trees")::
+
+    from scrapyd_pgqueue.crawl import FollowUp, schedule
+
+    class Listing(scrapy.Spider):
+        name = "listing"
+        custom_settings = {"ITEM_PIPELINES": {"scrapyd_pgqueue.crawl.FollowUpPipeline": 100}}
+
+        def parse(self, response):
+            for href in response.css("a.detail::attr(href)").getall():
+                # buffered by FollowUpPipeline and stored 500 at a time; a key found twice in the tree runs once
+                yield FollowUp("detail", {"url": response.urljoin(href)}, unique_key=href)
+            schedule("report", {"day": "today"})  # one job now; returns its job id
+
+The parent is the running crawl: Scrapyd gives it its job id as the spider argument ``_job`` (and the node's
+launcher as ``SCRAPY_JOB``), and its project as ``SCRAPY_PROJECT``. The database is the node's
+(``SCRAPYD_PGQUEUE_DATABASE_URL``, set by the node's launcher for its crawls; through PgBouncer when the node's
+``database_url`` is PgBouncer). A crawl opens one connection, at its first schedule, and keeps it until it ends.
+
+Nothing here imports SQLAlchemy, the store or Twisted when the module is imported: a crawl that never schedules
+pays nothing, and one that does pays for the imports at its first schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Set by the node's launcher in every crawl's environment (never logged): where the shared queue is.
+DATABASE_URL_VARIABLE = "SCRAPYD_PGQUEUE_DATABASE_URL"
+# The node's own variable, which its crawls inherit when the node was given its URL that way.
+NODE_DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
+# The crawl's job id and project, as Scrapyd's environment and the node's launcher give them.
+JOB_VARIABLE = "SCRAPY_JOB"
+PROJECT_VARIABLE = "SCRAPY_PROJECT"
+# The egg version the crawl runs, when its job was pinned to one (Scrapyd sets it): children run the same.
+VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
+# The node's default_retries, for follow-ups that give no retries (as schedule.json applies it).
+DEFAULT_RETRIES_VARIABLE = "SCRAPYD_PGQUEUE_DEFAULT_RETRIES"
+# FollowUpPipeline's batch: follow-ups stored per statement (the setting FOLLOW_UP_BATCH_SIZE changes it).
+BATCH_SIZE = 500
+# Connections a crawl holds: one, opened at its first schedule.
+POOL_SIZE = 1
+
+
+def crawl_environment(job: str, settings) -> dict[str, str]:
+    """Node side: what the launcher adds to a crawl's environment for this module (the URL holds the password:
+    it goes to the crawl's environment only, never to a log line)."""
+    return {
+        JOB_VARIABLE: job,
+        DATABASE_URL_VARIABLE: settings.database_url,
+        DEFAULT_RETRIES_VARIABLE: str(settings.default_retries),
+    }
+
+
+class NotInACrawlError(RuntimeError):
+    """The parent job, its project or the database is unknown: not a crawl started by a node of the cluster."""
+
+
+@dataclasses.dataclass
+class FollowUp:
+    """A job to schedule as a child of the running crawl: yield it from a callback (``FollowUpPipeline`` stores it
+    and drops it from the item stream), or pass it to ``schedule_many``.
+
+    ``args`` and ``settings`` are the child's spider arguments and Scrapy settings (strings, or numbers written as
+    text); ``unique_key`` with ``unique_scope="tree"`` (the default) schedules the key once in the whole tree,
+    whatever became of its job; ``unique_scope="waiting"`` is schedule.json's ``_unique_key`` (with
+    ``on_conflict``). ``run_at`` (Unix seconds or ISO 8601 with an offset) or ``delay`` (seconds) delay it;
+    ``retries`` and ``retry_delay`` retry it; ``version`` pins an egg version (default: the version this crawl was
+    pinned to, else the newest); ``jobid`` names it (default: a new one).
+    """
+
+    spider: str
+    args: Mapping[str, Any] | None = None
+    settings: Mapping[str, Any] | None = None
+    priority: float = 0
+    unique_key: str | None = None
+    unique_scope: str = "tree"
+    on_conflict: str | None = None
+    run_at: float | str | None = None
+    delay: float | None = None
+    retries: int | None = None
+    retry_delay: float | None = None
+    version: str | None = None
+    jobid: str | None = None
+
+
+def schedule(
+    spider: str,
+    args: Mapping[str, Any] | None = None,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    priority: float = 0,
+    unique_key: str | None = None,
+    unique_scope: str = "tree",
+    on_conflict: str | None = None,
+    run_at: float | str | None = None,
+    delay: float | None = None,
+    retries: int | None = None,
+    retry_delay: float | None = None,
+    version: str | None = None,
+    jobid: str | None = None,
+    parent: str | None = None,
+    project: str | None = None,
+) -> str:
+    """Schedule one child job of the running crawl now; return its job id (for a tree key scheduled before, the
+    job that has it). ``parent`` and ``project`` default to the running crawl's (``NotInACrawlError`` when there
+    is none); ``ValueError`` says what is wrong with a job that cannot be scheduled."""
+    follow_up = FollowUp(
+        spider, args, settings, priority, unique_key, unique_scope, on_conflict, run_at, delay, retries,
+        retry_delay, version, jobid,
+    )
+    return schedule_many([follow_up], parent=parent, project=project)[0]
+
+
+def schedule_many(follow_ups: Iterable[FollowUp], *, parent: str | None = None, project: str | None = None) -> list[str]:
+    """Schedule many child jobs of the running crawl in one statement, all or none, in their order; return their
+    job ids. A unique key may appear once in a call."""
+    return _scheduler(parent, project).schedule(list(follow_ups))
+
+
+# --- the pipeline ------------------------------------------------------------------------------------------------
+
+
+class FollowUpPipeline:
+    """An item pipeline: ``FollowUp`` items are checked at once, buffered, stored ``FOLLOW_UP_BATCH_SIZE`` (500) at a
+    time and when the spider closes, and dropped from the item stream; other items pass through.
+
+    Batches are stored off the reactor thread, and a full buffer holds the next follow-up until its batch is stored,
+    so memory stays bounded. A tree key this crawl scheduled already (or twice in a batch) costs no row. The spider's
+    close waits for the last batch, so the children are stored before the crawl ends: its tree cannot be done
+    without them. A batch the database refused for a while (it was away) stays buffered and goes with the next
+    one; one still unstored when the spider closes is logged as an error, with its count in the stats
+    (``followup/unscheduled``). The parent is the spider's ``_job`` argument (Scrapyd's), else ``SCRAPY_JOB``.
+    """
+
+    def __init__(self, crawler=None):
+        self.crawler = crawler
+        settings = getattr(crawler, "settings", None)
+        self.batch_size = settings.getint("FOLLOW_UP_BATCH_SIZE", BATCH_SIZE) if settings is not None else BATCH_SIZE
+        # Checked jobs in arrival order, by tree key (a batch holds a key once), ("waiting", key) or a number.
+        self.buffer: dict[Any, tuple] = {}
+        self.sent_keys: set[str] = set()  # tree keys this crawl has scheduled already
+        self.scheduler: _Scheduler | None = None
+        self.scheduled = 0
+        self.added = 0
+        self.known_spiders: set[str] | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls(crawler)
+
+    def open_spider(self, spider=None):
+        """The project's spiders, to refuse a follow-up of a spider that does not exist at once."""
+        settings = getattr(self.crawler, "settings", None)
+        if settings is None:
+            return
+        try:
+            from scrapy.utils.misc import load_object
+
+            loader = load_object(settings["SPIDER_LOADER_CLASS"]).from_settings(settings.frozencopy())
+            self.known_spiders = set(loader.list()) or None  # none listed: not in a project (runspider)
+        except Exception:  # noqa: BLE001 - no check then; a wrong name fails when its job starts
+            self.known_spiders = None
+
+    async def process_item(self, item, spider=None):
+        if not isinstance(item, FollowUp):
+            return item
+        if self.known_spiders is not None and item.version is None and item.spider not in self.known_spiders:
+            raise ValueError(f"FollowUp of spider {item.spider!r}: no such spider in this project")
+        key = _tree_key(item)
+        if key is not None and (key in self.sent_keys or key in self.buffer):
+            self._count("followup/known")  # scheduled once in the tree: the database would answer "existing"
+            raise _dropped()
+        if self.scheduler is None:
+            self.scheduler = _scheduler(self._parent_job(spider), None)
+        job = self.scheduler.job(item)  # ValueError: what is wrong with this one
+        if key is None and item.unique_key is not None:
+            key = ("waiting", item.unique_key)
+            if key in self.buffer:
+                await self._flush()  # it replaces the waiting one: stored after it, not in the same statement
+        elif key is None:
+            self.added += 1
+            key = ("job", self.added)
+        self.buffer[key] = job
+        if len(self.buffer) >= self.batch_size:
+            await self._flush()
+        raise _dropped()
+
+    async def close_spider(self, spider=None):
+        await self._flush(last=True)
+        if self.scheduled:
+            log.info("Scheduled %d follow-up jobs as children of job %s", self.scheduled, self._parent_job(spider))
+
+    async def _flush(self, last: bool = False):
+        if not self.buffer:
+            return
+        from twisted.internet import threads
+
+        from scrapyd_pgqueue.db import DatabaseError
+
+        batch, self.buffer = self.buffer, {}
+        keys = {key for key in batch if isinstance(key, str)}
+        self.sent_keys |= keys  # on their way: the same key found meanwhile is not sent again
+        try:
+            enqueued = await _awaitable(threads.deferToThread(self.scheduler.enqueue, list(batch.values())))
+        except DatabaseError as e:
+            if last:
+                self._count("followup/unscheduled", len(batch))
+                log.error("Could not schedule %d follow-up jobs: %s", len(batch), e)
+                return
+            self.sent_keys -= keys
+            self.buffer = {**batch, **self.buffer}  # with the next batch
+            log.warning("Could not schedule %d follow-up jobs yet, trying again with the next batch: %s",
+                        len(batch), e)
+            return
+        new = sum(not job.existing for job in enqueued)
+        self.scheduled += new
+        self._count("followup/scheduled", new)
+        self._count("followup/known", len(enqueued) - new)
+
+    def _parent_job(self, spider=None) -> str | None:
+        spider = spider or getattr(self.crawler, "spider", None)
+        return getattr(spider, "_job", None) or os.environ.get(JOB_VARIABLE)
+
+    def _count(self, key: str, count: int = 1) -> None:
+        stats = getattr(self.crawler, "stats", None)
+        if stats is not None:
+            stats.inc_value(key, count)
+
+
+def _tree_key(item: FollowUp) -> str | None:
+    return item.unique_key if item.unique_key is not None and item.unique_scope == "tree" else None
+
+
+def _dropped():
+    """DropItem for a stored follow-up, logged at DEBUG where Scrapy allows it (2.13+), not as a warning each."""
+    from scrapy.exceptions import DropItem
+
+    try:
+        return DropItem("scheduled as a follow-up job", log_level="DEBUG")
+    except TypeError:
+        return DropItem("scheduled as a follow-up job")
+
+
+async def _awaitable(deferred):
+    """A Deferred awaited from a Scrapy coroutine, whichever reactor runs it (asyncio needs a Future)."""
+    try:
+        from scrapy.utils.defer import maybe_deferred_to_future
+    except ImportError:  # Scrapy before 2.6: coroutines run on Twisted's loop
+        return await deferred
+    return await maybe_deferred_to_future(deferred)
+
+
+# --- the store, opened at the first schedule ---------------------------------------------------------------------
+
+
+class _Scheduler:
+    """One crawl's way into the queue: its parent, project and store (a pool of one connection)."""
+
+    def __init__(self, url: str, parent: str, project: str):
+        from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.store import JobStore
+
+        engine = db.get_engine(
+            url, pool_size=POOL_SIZE, migrate_schema=False,  # the nodes migrated it: no Alembic start-up here
+            application_name=db.application_name(f"{os.environ.get('SCRAPYD_NODE_NAME', '')} crawl {parent}"),
+        )
+        self.store = JobStore(engine)
+        self.parent = parent
+        self.project = project
+        self.default_retries = int(os.environ.get(DEFAULT_RETRIES_VARIABLE) or 0)
+        self.version = os.environ.get(VERSION_VARIABLE) or None
+
+    def schedule(self, follow_ups: list[FollowUp]) -> list[str]:
+        jobs = []
+        for index, follow_up in enumerate(follow_ups):
+            try:
+                jobs.append(self.job(follow_up))
+            except ValueError as e:
+                raise ValueError(f"follow-up {index}: {e}" if len(follow_ups) > 1 else str(e)) from None
+        return [job.job for job in self.enqueue(jobs)]
+
+    def job(self, follow_up: FollowUp) -> tuple:
+        """(message, priority, options) of a follow-up, checked by schedule_batch.json's rules (ValueError)."""
+        from scrapyd_pgqueue.job_requests import RefusedJob, job_from_json
+
+        try:
+            request = job_from_json(self._job_object(follow_up), self.default_retries)
+        except RefusedJob as e:
+            raise ValueError(f"{follow_up.spider}: {e}") from None
+        return request.message, request.priority, request.options
+
+    def enqueue(self, jobs: list[tuple]) -> list:
+        """Store checked jobs in one statement: where each went (``store.Enqueued``: its job id, and whether it
+        existed). ``db.DatabaseError`` when the database is away; ValueError when it refuses them."""
+        from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
+
+        try:
+            return self.store.enqueue_many(self.project, jobs)
+        except (DuplicateJobError, InvalidJobError) as e:
+            raise ValueError(str(e)) from None
+
+    def _job_object(self, follow_up: FollowUp) -> dict[str, Any]:
+        job: dict[str, Any] = {
+            "spider": follow_up.spider,
+            "priority": follow_up.priority,
+            "args": dict(follow_up.args or {}),
+            "settings": dict(follow_up.settings or {}),
+            "parent": self.parent,
+        }
+        version = follow_up.version or self.version
+        optional = {
+            "version": version, "jobid": follow_up.jobid, "run_at": follow_up.run_at, "delay": follow_up.delay,
+            "retries": follow_up.retries, "retry_delay": follow_up.retry_delay,
+            "on_conflict": follow_up.on_conflict,
+        }
+        job.update((name, value) for name, value in optional.items() if value is not None)
+        if follow_up.unique_key is not None:
+            job["unique_key"] = follow_up.unique_key
+            job["unique_scope"] = follow_up.unique_scope
+        return job
+
+
+_schedulers: dict[tuple[str, str], _Scheduler] = {}
+_lock = threading.Lock()
+
+
+def _scheduler(parent: str | None, project: str | None) -> _Scheduler:
+    parent = parent or os.environ.get(JOB_VARIABLE)
+    project = project or os.environ.get(PROJECT_VARIABLE)
+    url = os.environ.get(DATABASE_URL_VARIABLE) or os.environ.get(NODE_DATABASE_URL_VARIABLE)
+    missing = [what for what, value in (("parent job (SCRAPY_JOB)", parent), ("project (SCRAPY_PROJECT)", project),
+                                        (f"database ({DATABASE_URL_VARIABLE})", url)) if not value]
+    if missing:
+        raise NotInACrawlError(
+            f"cannot schedule follow-up jobs: no {', '.join(missing)}; run the crawl through a node of the cluster"
+        )
+    with _lock:
+        if (parent, project) not in _schedulers:
+            _schedulers[parent, project] = _Scheduler(url, parent, project)
+        return _schedulers[parent, project]

@@ -1,0 +1,135 @@
+"""The crawl API (scrapyd_pgqueue.crawl) on a real Postgres: schedule() from a crawl's environment, and
+FollowUpPipeline in a real Scrapy crawl (a subprocess, as a node starts one); the tree CLI over the same jobs.
+
+End-to-end trees through real nodes are in test_trees.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from scrapyd_pgqueue import cli, crawl
+from scrapyd_pgqueue.config import Settings
+from scrapyd_pgqueue.store import ClusterStore, JobStore
+from helpers import query
+
+
+@pytest.fixture
+def in_a_crawl(database_url, monkeypatch):
+    """The environment a node gives a crawl of job "root" of project "p", whose row is running."""
+    store = JobStore.for_url(database_url)  # migrates the schema, as the nodes do
+    store.enqueue("p", {"name": "parent", "_job": "root"})
+    store.claim(["p"], 1, node="n", worker="w")
+    # The crawl's URL is its own string: this process's engine for database_url (a pool of 2) is not the crawl's.
+    crawl_url = f"{database_url}?connect_timeout=5"
+    env = crawl.crawl_environment("root", Settings(database_url=crawl_url, node_name="n", default_retries=2))
+    env[crawl.PROJECT_VARIABLE] = "p"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(crawl, "_schedulers", {})
+    return env
+
+
+def test_importing_the_crawl_api_costs_a_crawl_nothing():
+    """No SQLAlchemy, psycopg2, store or Twisted reactor until the crawl schedules (crawls must start fast)."""
+    code = ("import sys, scrapyd_pgqueue.crawl; "
+            "print([m for m in ('sqlalchemy', 'psycopg2', 'scrapyd_pgqueue.store', 'twisted.internet.reactor') "
+            "if m in sys.modules])")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_schedule_makes_children_of_the_running_crawl_with_tree_keys(database_url, in_a_crawl):
+    first = crawl.schedule("page", {"url": "https://a/1"}, unique_key="a/1", priority=5, settings={"X": 1})
+    again = crawl.schedule("page", {"url": "https://a/1"}, unique_key="a/1")
+    other = crawl.schedule("page", {"url": "https://a/2"}, unique_key="a/2", delay=60)
+    assert again == first != other
+    rows = query(database_url, "SELECT job, parent, status, priority, retries, message FROM spider_job "
+                               "WHERE parent IS NOT NULL ORDER BY id")
+    assert [(job, parent, status) for job, parent, status, *_ in rows] == [
+        (first, "root", "pending"), (other, "root", "delayed")]
+    _, _, _, priority, retries, message = rows[0]
+    assert (priority, retries) == (5, 2)  # the node's default_retries
+    assert message == {"url": "https://a/1", "name": "page", "_job": first, "settings": {"X": "1"}}
+    assert ClusterStore.for_url(database_url).lineage(first, "p") == ("root", "root")
+    # One connection, named after the crawl, for everything this crawl schedules.
+    [(application,)] = query(database_url, "SELECT application_name FROM pg_stat_activity "
+                                           "WHERE application_name LIKE '%%crawl root'")
+    assert application.startswith("scrapyd-pgqueue")
+
+
+def test_bad_follow_ups_are_refused_with_the_reason_and_nothing_is_stored(database_url, in_a_crawl):
+    with pytest.raises(ValueError, match="follow-up 1 \\(|follow-up 1: "):
+        crawl.schedule_many([crawl.FollowUp("page"), crawl.FollowUp("page", {"name": "clash"})])
+    with pytest.raises(ValueError, match="parent job 'nope' not found"):
+        crawl.schedule("page", parent="nope")
+    assert query(database_url, "SELECT count(*) FROM spider_job WHERE parent IS NOT NULL") == [(0,)]
+
+
+def test_outside_a_crawl_schedule_says_what_is_missing(monkeypatch):
+    for name in (crawl.JOB_VARIABLE, crawl.PROJECT_VARIABLE, crawl.DATABASE_URL_VARIABLE,
+                 crawl.NODE_DATABASE_URL_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(crawl.NotInACrawlError, match=r"no parent job \(SCRAPY_JOB\), project"):
+        crawl.schedule("page")
+
+
+SPIDER = textwrap.dedent("""
+    import scrapy
+    from scrapyd_pgqueue.crawl import FollowUp
+
+    class Links(scrapy.Spider):
+        name = "links"
+        custom_settings = {"ITEM_PIPELINES": {"scrapyd_pgqueue.crawl.FollowUpPipeline": 100},
+                           "FOLLOW_UP_BATCH_SIZE": 500, "LOG_LEVEL": "INFO", "TELNETCONSOLE_ENABLED": False}
+
+        async def start(self):
+            yield scrapy.Request("data:text/plain,links", dont_filter=True)
+
+        def parse(self, response):
+            for n in range(1200):
+                # 600 pages, each found twice; a plain item passes through
+                yield FollowUp("page", {"n": str(n % 600)}, unique_key=f"page-{n % 600}")
+            yield {"plain": "item"}
+
+        def closed(self, reason):
+            print("STATS " + __import__("json").dumps(
+                {k: v for k, v in self.crawler.stats.get_stats().items() if k.startswith(("followup", "item"))}))
+""")
+
+
+def test_the_pipeline_stores_follow_ups_in_batches_before_the_crawl_ends(database_url, in_a_crawl, tmp_path):
+    (tmp_path / "links.py").write_text(SPIDER)
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "runspider", "links.py", "-a", "_job=root", "-o", "items.jsonl"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [stats] = [json.loads(line[6:]) for line in result.stdout.splitlines() if line.startswith("STATS ")]
+    assert stats["followup/scheduled"] == 600 and stats["followup/known"] == 600
+    assert stats["item_dropped_count"] == 1200 and stats["item_scraped_count"] == 1
+    assert [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()] == [{"plain": "item"}]
+    rows = query(database_url, "SELECT count(*), count(DISTINCT message->>'n'), min(parent), max(parent) "
+                               "FROM spider_job WHERE parent IS NOT NULL")
+    assert rows == [(600, 600, "root", "root")]
+    assert in_a_crawl[crawl.DATABASE_URL_VARIABLE].split("@")[0] not in result.stderr  # no password in its log
+
+    # The tree as people and scripts see it: the root still running, 600 children pending.
+    view = ClusterStore.for_url(database_url).tree("p", "root")
+    assert (view.total, view.open, view.done, view.by_state) == (601, 601, False, {"pending": 600, "running": 1})
+
+
+def test_the_tree_command(database_url, in_a_crawl, capsys):
+    child = crawl.schedule("page", unique_key="k")
+    assert cli.main(["tree", child, "--json", "--database-url", database_url]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer == {**answer, "root": "root", "project": "p", "total": 2, "open": 2, "done": False,
+                      "states": {"pending": 1, "running": 1}, "failures": [], "cancelled": False}
+    assert cli.main(["tree", "root", "--database-url", database_url]) == 0
+    out = capsys.readouterr().out
+    assert "Tree root of project p: 2 jobs, open: 2 jobs not ended" in out and "running" in out
+    assert cli.main(["tree", "nope", "--project", "p", "--database-url", database_url]) == 1
