@@ -140,3 +140,81 @@ def table_rows(driver, table_id: str) -> list[list[str]]:
 
     rows = driver.find_element(By.ID, table_id).find_elements(By.TAG_NAME, "tr")
     return [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+
+
+# --- a generated site of unknown size (crawl trees) ---------------------------------------------------------------
+
+
+def generate_site(seed: int, depth: int, fanout: int) -> dict[str, list[str]]:
+    """{section id: the sections its page links to}, the same for the same arguments. Section "0" is the home page;
+    each section of a level links to 1..fanout new sections of the next level, and one more of that level (so some
+    are linked from two parents); the last level links back to the home page and to a section crawled before."""
+    import random
+
+    rng = random.Random(seed)
+    links: dict[str, list[str]] = {"0": []}
+    level, earlier = ["0"], []
+    for d in range(1, depth + 1):
+        new: list[str] = []
+        for parent in level:
+            for _ in range(rng.randint(1, fanout)):
+                child = f"{d}.{len(new)}"
+                new.append(child)
+                links[child] = []
+                links[parent].append(child)
+        for parent in level:
+            links[parent].append(rng.choice(new))
+        earlier += level
+        level = new
+    for leaf in level:
+        links[leaf] += ["0", rng.choice(earlier)]
+    return links
+
+
+class SiteServer:
+    """The generated site on loopback (a thread of this process): ``/section/<id>`` is a page linking to its
+    sections with ``<a class="section">``, answered after ``delay`` seconds; ``requests`` counts them by section."""
+
+    def __init__(self, links: dict[str, list[str]], delay: float = 0.0):
+        import collections
+        import http.server
+        import threading
+
+        self.links, self.delay = links, delay
+        self.requests: collections.Counter = collections.Counter()
+        site = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                section = self.path.rsplit("/", 1)[-1]
+                if not self.path.startswith("/section/") or section not in site.links:
+                    self.send_error(404)
+                    return
+                site.requests[section] += 1
+                time.sleep(site.delay)
+                anchors = "".join(f'<a class="section" href="/section/{s}">{s}</a>' for s in site.links[section])
+                body = f"<html><body><h1>Section {section}</h1>{anchors}</body></html>".encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html; charset=utf-8")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a crawl killed (or cancelled) while it waited for the page
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "SiteServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,207 @@
+"""Crawl trees end to end: three real nodes explore a generated site of unknown size, one job per section, each
+page scheduling a child job per section it links to (example_project's ``explore``, project ``trees``), and a
+``tree_summary`` job runs when the whole tree has ended.
+
+The measures are the crawls' own records (runs.jsonl: each start with its arguments; ends.jsonl: each end;
+summaries.jsonl: what the summary job read from tree.json), the rows, and the NOTIFY on the trees channel.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import select
+import signal
+import time
+
+from scrapyd_pgqueue.cluster import NODE_CONFIG
+from scrapyd_pgqueue.store import TREES_CHANNEL
+from helpers import SiteServer, connect, ends, generate_site, query, runs, wait_for
+
+# The example project's scrapyd.cfg, with the trees project baked in next to example.
+BASE_CONFIG = NODE_CONFIG.read_text().rstrip("\n") + "\ntrees = example.tree_settings\n"
+CONFIG = {"max_proc": "3", "finished_to_keep": "1000"}
+
+
+def start_tree_cluster(start_cluster, url):
+    cluster = start_cluster(url, 3, base_config=BASE_CONFIG, **CONFIG)
+    for node in cluster.nodes:  # `scrapy list` of the project now, not inside the timed part
+        assert node.get("listspiders.json", project="trees")["spiders"] == ["explore", "tree_summary"]
+    return cluster
+
+
+def explore_runs(tmp_path) -> list[dict]:
+    return [run for run in runs(tmp_path) if run["spider"] == "explore"]
+
+
+def summaries(tmp_path) -> list[dict]:
+    path = tmp_path / "records" / "summaries.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def schedule_root(node, site, summary_node=None):
+    fields = {"project": "trees", "spider": "explore", "jobid": "root", "site": site.url}
+    if summary_node is not None:
+        fields.update(_on_complete="tree_summary", _on_complete_args=json.dumps({"node": summary_node.url}))
+    answer = node.post("schedule.json", **fields)
+    assert answer["status"] == "ok", answer
+    return time.time()
+
+
+@contextlib.contextmanager
+def tree_notifications(url):
+    """The payloads of NOTIFY scrapyd_pgqueue_trees heard on a connection of the test's own."""
+    connection = connect(url)
+    with connection.cursor() as cursor:
+        cursor.execute(f"LISTEN {TREES_CHANNEL}")
+    heard = []
+
+    def poll():
+        if select.select([connection], [], [], 0.2)[0]:
+            connection.poll()
+            heard.extend(json.loads(n.payload) for n in connection.notifies)
+            connection.notifies.clear()
+        return heard
+
+    try:
+        yield poll
+    finally:
+        connection.close()
+
+
+def tree_rows(url):
+    """(section, job, status, outcome, attempts, end_time epoch) of every explore job."""
+    return query(url, "SELECT coalesce(message->>'section', '0'), job, status, outcome, attempts, extract(epoch FROM end_time) "
+                      "FROM spider_job WHERE spider = 'explore' ORDER BY id")
+
+
+def check_summary(url, tmp_path, sections: int):
+    """The completion job ran once, after every crawl of the tree had ended; return (summary, its run)."""
+    assert query(url, "SELECT count(*) FROM spider_job WHERE spider = 'tree_summary'") == [(1,)]
+    [summary] = summaries(tmp_path)
+    [run] = [run for run in runs(tmp_path) if run["spider"] == "tree_summary"]
+    assert run["job"] == summary["job"] and run["args"]["tree"] == "root"
+    explore_jobs = {run["job"] for run in explore_runs(tmp_path)}
+    last_end = max(end["ended"] for end in ends(tmp_path) if end["job"] in explore_jobs)
+    last_row_end = max(row[5] for row in tree_rows(url))
+    assert run["started"] > last_end and run["started"] > float(last_row_end)
+    answer = summary["answer"]
+    assert answer == {**answer, "status": "ok", "root": "root", "done": True, "total": sections, "open": 0,
+                      "states": {"finished": sections}, "completion_job": summary["job"]}
+    return answer, run, last_end
+
+
+def test_every_section_is_crawled_once_and_the_summary_runs_once_after_the_last_crawl(database, start_cluster,
+                                                                                        tmp_path):
+    url, admin_url = database
+    links = generate_site(seed=10, depth=3, fanout=4)  # 19 sections, 50 links
+    cluster = start_tree_cluster(start_cluster, url)
+    first, second, third = cluster.nodes
+    with SiteServer(links) as site, tree_notifications(admin_url) as heard:
+        started = schedule_root(first, site, summary_node=second)
+        wait_for(lambda: summaries(tmp_path), 150, "the tree's summary")
+        # The summary job's own row ends after its crawl: the NOTIFY came before it started.
+        notices = wait_for(heard, 10, "the trees channel's NOTIFY")
+
+    crawled = collections.Counter(run["args"].get("section", "0") for run in explore_runs(tmp_path))
+    assert crawled == collections.Counter(set(links)), crawled  # every section, each once
+    assert set(site.requests) == set(links) and max(site.requests.values()) == 1
+    assert all(end["reason"] == "finished" for end in ends(tmp_path))
+    answer, run, last_end = check_summary(admin_url, tmp_path, len(links))
+    assert notices == [{"project": "trees", "root": "root", "root_id": notices[0]["root_id"]}]
+
+    # What a client sees: a child's parent and root, the tree from any node.
+    child = next(row for row in tree_rows(admin_url) if row[0] != "0")[1]
+    status = third.get("status.json", job=child, project="trees")
+    assert status["currstate"] == "finished" and status["root"] == "root" and status["parent"]
+    assert third.get("status.json", job="root")["parent"] is None
+    assert third.get("tree.json", project="trees", job=child)["outcomes"] == {"finished": len(links)}
+    nodes = collections.Counter(run["node"] for run in explore_runs(tmp_path))
+    print(f"\ntree of {len(links)} sections ({sum(map(len, links.values()))} links): {len(links)} crawls on "
+          f"{dict(nodes)}; last crawl ended {last_end - started:.1f}s after the root's schedule; summary started "
+          f"{run['started'] - last_end:.2f}s after the last end; tree.json: {answer['states']}")
+
+
+def test_a_node_killed_in_the_middle_of_the_tree(database, start_cluster, tmp_path):
+    """SIGKILL one node and its crawls (a machine gone) while it runs jobs of the tree: they are recovered and run
+    again; every section still has one job, and the summary runs once, after the last crawl."""
+    url, admin_url = database
+    links = generate_site(seed=7, depth=4, fanout=2)  # 16 sections, 37 links
+    cluster = start_tree_cluster(start_cluster, url)
+    first, second, victim = cluster.nodes
+    with SiteServer(links, delay=1.5) as site:  # crawls wait for their page: killed in the middle of it
+        started = schedule_root(first, site, summary_node=second)
+
+        def victim_busy():
+            mine = {run["job"] for run in explore_runs(tmp_path) if run["node"] == victim.name}
+            ended = {end["job"] for end in ends(tmp_path)}
+            open_jobs = query(admin_url, "SELECT count(*) FROM spider_job WHERE spider = 'explore' "
+                                         "AND status <> 'terminated'")[0][0]
+            return len(mine - ended) >= 2 and open_jobs >= 4 and mine - ended
+
+        killed_jobs = wait_for(victim_busy, 120, f"{victim.name} to run 2 crawls of the tree")
+        os.killpg(victim.process.pid, signal.SIGKILL)  # the node and its crawls
+        killed_at = time.time()
+        victim.process.wait(10)
+        wait_for(lambda: summaries(tmp_path), 150, "the tree's summary")
+
+    rows = tree_rows(admin_url)
+    jobs_by_section = collections.defaultdict(set)
+    for section, job, *_ in rows:
+        jobs_by_section[section].add(job)
+    assert {s: len(j) for s, j in jobs_by_section.items()} == dict.fromkeys(links, 1)  # one job per section, ever
+    assert all((status, outcome) == ("terminated", "finished") for _, _, status, outcome, _, _ in rows)
+    recovered = {job for _, job, _, _, attempts, _ in rows if attempts > 1}
+    assert killed_jobs <= recovered  # the killed crawls' jobs ran again elsewhere
+    finished = collections.Counter(
+        end["job"] for end in ends(tmp_path) if end["spider"] == "explore" and end["reason"] == "finished")
+    assert set(finished) == {job for _, job, *_ in rows}  # every section's crawl completed
+    runs_by_job = collections.Counter(run["job"] for run in explore_runs(tmp_path))
+    again = {job for job, count in runs_by_job.items() if count > 1}
+    assert again <= recovered and killed_jobs <= again
+    # A job the killed node did not run finished once; a killed one at least once (its run was cut short).
+    assert all(count == 1 for job, count in finished.items() if job not in killed_jobs), finished
+    answer, run, last_end = check_summary(admin_url, tmp_path, len(links))
+    print(f"\ntree of {len(links)} sections, {victim.name} SIGKILLed {killed_at - started:.1f}s in with "
+          f"{len(killed_jobs)} crawls of it running; {len(recovered)} jobs recovered and run again "
+          f"({sum(runs_by_job.values())} crawls for {len(links)} sections); summary started "
+          f"{run['started'] - last_end:.2f}s after the last end, {run['started'] - started:.1f}s after the root")
+
+
+def test_cancel_tree_leaves_nothing_of_the_tree_running_or_waiting(database, start_cluster, tmp_path):
+    url, admin_url = database
+    links = generate_site(seed=11, depth=4, fanout=4)  # 97 sections
+    cluster = start_tree_cluster(start_cluster, url)
+    first, second, third = cluster.nodes
+    live = "SELECT count(*) FILTER (WHERE status = 'ongoing'), count(*) FILTER (WHERE status IN ('pending', " \
+           "'delayed')) FROM spider_job WHERE spider = 'explore'"
+    with SiteServer(links, delay=2) as site:
+        schedule_root(first, site)
+        wait_for(lambda: (lambda running, waiting: running >= 3 and waiting >= 3)(*query(admin_url, live)[0]), 120,
+                 "3 crawls of the tree running and 3 waiting")
+        before = query(admin_url, live)[0]
+        answer = second.post("cancel.json", project="trees", job="root", _tree="1")
+        cancelled_at = time.time()
+        assert answer["status"] == "ok" and answer["cancelled"] + answer["signalled"] >= 1, answer
+
+        def all_over():
+            started = {run["job"] for run in explore_runs(tmp_path)}
+            ended = {end["job"] for end in ends(tmp_path)}
+            return query(admin_url, live)[0] == (0, 0) and started <= ended
+
+        wait_for(all_over, 60, "every crawl of the tree to end")
+        tree = third.get("tree.json", project="trees", job="root")
+
+    assert query(admin_url, live)[0] == (0, 0)  # every crawl ended: nothing can schedule into the tree any more
+    assert tree == {**tree, "done": True, "open": 0, "cancelled": True}
+    assert tree["states"] == {"finished": tree["total"]} and tree["outcomes"].get("cancelled", 0) >= 1
+    crawled = {run["args"].get("section", "0") for run in explore_runs(tmp_path)}
+    assert len(crawled) < len(links)  # stopped before the end of the site
+    late = [run for run in explore_runs(tmp_path) if run["started"] > cancelled_at + 1]
+    print(f"\ncancel of a tree of {tree['total']} jobs (site: {len(links)} sections) with {before[0]} running and "
+          f"{before[1]} waiting: answer {answer}; every crawl ended "
+          f"{max(end['ended'] for end in ends(tmp_path)) - cancelled_at:.1f}s later; outcomes {tree['outcomes']}; "
+          f"{len(crawled)} sections crawled; {len(late)} crawls started more than 1 s after the cancel")
+    assert not late
