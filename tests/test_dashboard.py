@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from selenium.webdriver.common.by import By
@@ -70,9 +69,9 @@ def backlog_url(database_url, admin_connection):
     db.get_engine(database_url)  # the schema
     with admin_connection.cursor() as cursor:
         cursor.execute("""
-            INSERT INTO spider_job (project, spider, job, message, priority, created_time)
+            INSERT INTO spider_job (project, spider, job, message, priority, created_time, run_at)
             SELECT 'p' || mod(i, 3), 's' || mod(i, 7), 'j' || i, jsonb_build_object('name', 's' || mod(i, 7)), mod(i, 5),
-                   localtimestamp - make_interval(secs => i)
+                   localtimestamp - make_interval(secs => i), now() - make_interval(secs => i)
             FROM generate_series(1, %s) AS i""", (BACKLOG,))
         cursor.execute("VACUUM ANALYZE spider_job")
     return database_url
@@ -80,18 +79,13 @@ def backlog_url(database_url, admin_connection):
 
 def test_the_overview_reads_indexes_whatever_the_backlog(backlog_url):
     store = OverviewStore.for_url(backlog_url)
-    params = {"cap": COUNT_CAP, "spiders": overview.MAX_SPIDERS, "priorities": overview.MAX_PRIORITIES,
-              "since": "2000-01-01"}
+    params = {"cap": COUNT_CAP, "spiders": overview.MAX_SPIDERS, "since": "2000-01-01"}
     with store.engine.connect() as connection:
         for name in ("PENDING_BY_SPIDER", "DELAYED_BY_SPIDER", "RUNNING_BY_SPIDER", "OUTCOMES_BY_SPIDER", "PER_MINUTE",
-                     "OLDEST_KEPT", "OLDEST_PENDING", "PAST_DUE", "ANY_DELAYED"):
+                     "OLDEST_KEPT", "OLDEST_PENDING_AGE", "ANY_DELAYED"):
             plan = connection.execute(text("EXPLAIN " + getattr(overview, name).text), params).scalars().all()
             assert not any("Seq Scan on spider_job" in line for line in plan), (name, plan)
 
-    started = time.monotonic()
     depths = store.depth_by_spider()
-    oldest = store.oldest_pending()
-    elapsed = time.monotonic() - started
     assert len(depths) == 21 and all(d.counts["pending"] == BACKLOG // 21 for d in depths)  # under the cap: exact
-    assert oldest is not None
-    assert elapsed < 1.0, f"the overview took {elapsed:.3f}s over {BACKLOG:,} pending jobs"
+    assert store.oldest_pending_age() >= BACKLOG - 5  # the oldest was due BACKLOG seconds ago

@@ -3,7 +3,6 @@ the crawls it ran, and no label names a job."""
 
 from __future__ import annotations
 
-import datetime
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,9 +46,9 @@ def test_metrics_match_the_database_and_the_node_s_crawls(database_url, start_cl
     gauges = {key: v for key, v in samples.items() if key[0] == "scrapyd_pgqueue_jobs"}
     assert gauges == {("scrapyd_pgqueue_jobs", frozenset({"project": p, "spider": s, "state": st}.items())): c
                       for p, s, st, c in rows}
-    ((oldest,),) = query(database_url, "SELECT min(created_time) FROM spider_job WHERE status = 'pending'")
-    age = (datetime.datetime.now() - oldest).total_seconds()
-    assert abs(value(samples, "scrapyd_pgqueue_oldest_pending_age_seconds") - age) < 5
+    ((age,),) = query(database_url,
+                      "SELECT extract(epoch FROM now() - min(run_at)) FROM spider_job WHERE status = 'pending'")
+    assert abs(value(samples, "scrapyd_pgqueue_oldest_pending_age_seconds") - float(age)) < 5
     assert value(samples, "scrapyd_pgqueue_past_due_jobs") == 0
 
     # This node's own: three claims and crawls, one finished, one failed, a latency observed for each start.

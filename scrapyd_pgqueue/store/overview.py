@@ -18,9 +18,8 @@ from scrapyd_pgqueue.store.base import database_errors
 
 # Jobs counted exactly per spider and state; beyond, the count is shown as "at least" (COUNT_CAP+).
 COUNT_CAP = 10_000
-# Spiders (project, spider pairs) with pending jobs listed at most; distinct priorities looked at at most.
+# Spiders (project, spider pairs) with pending jobs listed at most.
 MAX_SPIDERS = 200
-MAX_PRIORITIES = 100
 
 
 @dataclass
@@ -93,24 +92,10 @@ PER_MINUTE = text("""
 """)
 OLDEST_KEPT = text("SELECT min(end_time) FROM spider_job WHERE status = 'terminated'")
 
-# The oldest creation time among the heads of each priority in claim order (spider_job_pending_idx): one probe per
-# distinct priority, where min(created_time) over pending jobs would read the whole backlog.
-OLDEST_PENDING = text("""
-    WITH RECURSIVE heads AS (
-        (SELECT priority, created_time FROM spider_job WHERE status = 'pending' ORDER BY priority DESC, id LIMIT 1)
-        UNION ALL
-        SELECT following.priority, following.created_time FROM heads, LATERAL (
-            SELECT priority, created_time FROM spider_job
-            WHERE status = 'pending' AND priority < heads.priority
-            ORDER BY priority DESC, id LIMIT 1
-        ) AS following
-    )
-    SELECT min(created_time) FROM (SELECT created_time FROM heads LIMIT :priorities) AS h
-""")
-
-# Delayed jobs whose run_at has passed (due, not yet pending), counted up to :cap from spider_job_delayed_idx.
-PAST_DUE = text("""
-    SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'delayed' AND run_at <= now() LIMIT :cap) AS due
+# Seconds the longest-waiting pending job has waited since it was due (database clock): the head of
+# spider_job_pending_due_idx, whatever the backlog.
+OLDEST_PENDING_AGE = text("""
+    SELECT CAST(extract(epoch FROM now() - min(run_at)) AS double precision) FROM spider_job WHERE status = 'pending'
 """)
 
 # Live node processes' URLs by node name, the newest process per name: where a job's log link leads.
@@ -155,15 +140,10 @@ class OverviewStore:
             return rows, connection.execute(OLDEST_KEPT).scalar()
 
     @database_errors
-    def oldest_pending(self) -> datetime.datetime | None:
-        """When the longest-waiting job at the head of a priority was scheduled (naive local time); None: none."""
+    def oldest_pending_age(self) -> float | None:
+        """Seconds the longest-waiting pending job has waited since it was due; None: none waits."""
         with db.autocommit(self.engine) as connection:
-            return connection.execute(OLDEST_PENDING, {"priorities": MAX_PRIORITIES}).scalar()
-
-    @database_errors
-    def past_due(self) -> int:
-        with db.autocommit(self.engine) as connection:
-            return connection.execute(PAST_DUE, {"cap": COUNT_CAP}).scalar()
+            return connection.execute(OLDEST_PENDING_AGE).scalar()
 
     @database_errors
     def node_urls(self) -> dict[str, str | None]:

@@ -6,7 +6,6 @@ notify; ``JobStore``, which also holds how jobs end (``finishing.JobEnds``) and 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import math
 import uuid
@@ -28,7 +27,6 @@ from scrapyd_pgqueue.store.base import (
     Enqueued,
     InvalidJobError,
     JobOptions,
-    JobRow,
     check_name,
     database_errors,
     encode_message,

@@ -1,7 +1,7 @@
 """``/dashboard``: the cluster at a glance, on every node; refreshes itself every ``REFRESH_SECONDS``.
 
-A list of sections, each a query (run in the page's thread) and a renderer: a new view of the cluster (periodic
-schedules, per-spider limits) is one more ``Section``. Every query is bounded whatever the backlog (see
+A list of sections, each a query (run in the page's thread) and a renderer: a new view of the cluster is one more
+``Section``. Every query is bounded whatever the backlog (see
 ``store/overview.py``); every value from users is escaped.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.store import COUNT_CAP, ClusterStore, OverviewStore
+from scrapyd_pgqueue.store import COUNT_CAP, ClusterStore, OverviewStore, ScheduleStore
 from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, log_path, no_microseconds
 from scrapyd_pgqueue.web.svg import minute_chart
 
@@ -51,19 +51,22 @@ class Section:
 
 
 def fetch_summary(cluster, overview, view):
-    return cluster.cluster_counts(view.settings.lease_seconds), overview.oldest_pending(), overview.past_due()
+    return cluster.cluster_counts(view.settings.lease_seconds, view.settings.past_due_seconds), \
+        overview.oldest_pending_age()
 
 
 def render_summary(data, view) -> str:
-    counts, oldest, past_due = data
+    counts, oldest_age = data
     pending = f"{counts.pending:,}" + ("" if counts.pending_exact else " (estimated)")
-    age = no_microseconds(view.now - oldest) if oldest else "none waiting"
+    age = no_microseconds(datetime.timedelta(seconds=oldest_age)) if oldest_age is not None else "none waiting"
     return f"""<p class="summary">
 <span>Live nodes: <b id="live-nodes">{counts.nodes}</b></span>
 <span>Pending: <b id="pending-total">{pending}</b></span>
+<span>Delayed: <b id="delayed-total">{count_text(counts.delayed)}</b></span>
 <span>Running: <b id="running-total">{counts.running}</b></span>
 <span>Oldest pending: <b id="oldest-pending">{esc(age)}</b></span>
-<span>Delayed past due: <b id="past-due">{past_due:,}</b></span>
+<span>Past due ({view.settings.past_due_seconds:g} s): <b id="past-due">{count_text(counts.past_due)}</b></span>
+<span>Dead: <b id="dead-total">{counts.dead:,}</b></span>
 </p>"""
 
 
@@ -140,11 +143,44 @@ def render_failures(jobs, view) -> str:
                  "No failures among the kept finished jobs.")
 
 
+def fetch_periodic(cluster, overview, view):
+    return ScheduleStore.for_settings(view.settings).list_periodic()
+
+
+def render_periodic(schedules, view) -> str:
+    rows = [
+        f'<tr class="periodic"><td>{esc(p.name)}</td><td>{esc(p.project)}</td><td>{esc(p.spider)}</td>'
+        f"<td>{esc(p.cron + ' (' + p.timezone + ')' if p.cron else f'every {p.every_seconds:g} s')}</td>"
+        f"<td>{'paused' if p.paused else esc(no_microseconds(p.next_fire_time))}</td>"
+        f"<td>{esc(no_microseconds(p.last_fire_time))}</td><td>{esc(p.last_job)}</td>"
+        f'<td class="number">{p.fired:,}</td><td class="number">{p.skipped:,}</td></tr>'
+        for p in schedules
+    ]
+    headers = ["Name", "Project", "Spider", "When", "Next", "Last fired", "Last job", "Fired", "Skipped"]
+    return table("periodic", headers, rows, "No periodic jobs (scrapyd-pgqueue periodic add).")
+
+
+def fetch_limits(cluster, overview, view):
+    return ScheduleStore.for_settings(view.settings).list_limits()
+
+
+def render_limits(limits, view) -> str:
+    rows = [
+        f'<tr class="limit"><td>{esc(limit.project)}</td><td>{esc(limit.spider)}</td>'
+        f'<td class="number">{limit.running}</td><td class="number">{limit.max_running}</td></tr>'
+        for limit in limits
+    ]
+    return table("limits", ["Project", "Spider", "Running", "Limit"], rows,
+                 "No per-spider limits (scrapyd-pgqueue limit set).")
+
+
 SECTIONS = [
     Section("Nodes", fetch_nodes, render_nodes),
     Section("Queue by spider", fetch_depth, render_depth),
     Section("Throughput", fetch_throughput, render_throughput),
     Section("Newest failures", fetch_failures, render_failures),
+    Section("Periodic jobs", fetch_periodic, render_periodic),
+    Section("Per-spider limits", fetch_limits, render_limits),
 ]
 
 

@@ -7,7 +7,6 @@ the pending total is exact up to ``PENDING_COUNT_CAP``, the planner's estimate b
 
 from __future__ import annotations
 
-import datetime
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -41,7 +40,7 @@ class ClusterCollector:
     def cluster_families(self):
         cluster = ClusterStore.for_settings(self.settings)
         overview = OverviewStore.for_settings(self.settings)
-        counts = cluster.cluster_counts(self.settings.lease_seconds)
+        counts = cluster.cluster_counts(self.settings.lease_seconds, self.settings.past_due_seconds)
         jobs = GaugeMetricFamily("scrapyd_pgqueue_jobs", "Jobs by project, spider and state (counted up to 10,000).",
                                  labels=["project", "spider", "state"])
         for depth in overview.depth_by_spider():
@@ -53,13 +52,15 @@ class ClusterCollector:
                     counts.pending)
         yield gauge("scrapyd_pgqueue_running_jobs", "Running jobs of the cluster.", counts.running)
         yield gauge("scrapyd_pgqueue_live_nodes", "Node processes with a heartbeat within the lease.", counts.nodes)
-        oldest = overview.oldest_pending()
-        age = (datetime.datetime.now() - oldest).total_seconds() if oldest else 0.0
+        yield gauge("scrapyd_pgqueue_delayed_jobs", "Delayed jobs of the cluster, waiting for their time (counted up "
+                    "to 10,000).", counts.delayed)
+        yield gauge("scrapyd_pgqueue_dead_jobs", "Jobs out of retries, kept until requeued.", counts.dead)
         yield gauge("scrapyd_pgqueue_oldest_pending_age_seconds",
-                    "Seconds the longest-waiting pending job (at the head of its priority) has waited; 0: none.",
-                    max(age, 0.0))
-        yield gauge("scrapyd_pgqueue_past_due_jobs", "Delayed jobs whose run_at has passed (due, not yet pending).",
-                    overview.past_due())
+                    "Seconds the longest-waiting pending job has waited since it was due; 0: none.",
+                    max(overview.oldest_pending_age() or 0.0, 0.0))
+        yield gauge("scrapyd_pgqueue_past_due_jobs", f"Pending jobs waiting more than past_due_seconds "
+                    f"({self.settings.past_due_seconds:g}) since they were due (counted up to 10,000).",
+                    counts.past_due)
 
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
