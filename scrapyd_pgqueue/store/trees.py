@@ -133,6 +133,22 @@ CANCEL_TREE = text("""
            (SELECT count(*) FROM notified) AS notified, (SELECT count(*) FROM tree) AS trees
 """)
 
+# The second half of a tree's cancel, in a statement of its own: a job a node claimed while CANCEL_TREE ran was
+# pending in that statement's snapshot and ongoing once its row lock was released, so neither part saw it running.
+# A new snapshot does; only jobs not asked yet.
+SIGNAL_MISSED = text("""
+    WITH running AS (
+        UPDATE spider_job
+        SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
+        WHERE (tree_id = :tree_id OR id = :tree_id) AND status = 'ongoing' AND NOT cancel_requested
+        RETURNING id, project, job, worker, cancel_requests, cancel_signal
+    )
+    SELECT count(pg_notify(:channel, CAST(json_build_object(
+        'id', id, 'project', project, 'job', job, 'worker', worker, 'requests', cancel_requests,
+        'signal', cancel_signal) AS text))) AS signalled
+    FROM running
+""")
+
 # --- the enqueue's steps ---------------------------------------------------------------------------------------
 
 
@@ -272,4 +288,5 @@ class TreeQueries:
                 return None
             params = {"tree_id": found.tree_id, "now": now(), "signal": signal, "channel": CANCEL_CHANNEL}
             row = connection.execute(CANCEL_TREE, params).one()
-        return {"cancelled": row.cancelled, "signalled": row.signalled}
+            missed = connection.execute(SIGNAL_MISSED, params).scalar_one()
+        return {"cancelled": row.cancelled, "signalled": row.signalled + missed}

@@ -18,7 +18,8 @@ depends_on = None
 # way a job ends, including those written later; its WHEN clause keeps jobs outside trees at no cost (no function
 # call). The update of the tree's row serialises the last two jobs ending at the same instant on two nodes: only
 # the one that brings the count to zero sees zero, and it enqueues the _on_complete job in its own transaction
-# (exactly once: completion_job is set with it) and notifies scrapyd_pgqueue_trees with the root.
+# (exactly once: completion_job is set with it; never for a cancelled tree) and notifies scrapyd_pgqueue_trees with
+# the root.
 COUNT_TREE_JOBS = """
     CREATE FUNCTION spider_tree_count() RETURNS trigger LANGUAGE plpgsql AS $$
     DECLARE
@@ -41,7 +42,7 @@ COUNT_TREE_JOBS = """
         WHERE root_id = coalesce(NEW.tree_id, OLD.tree_id)
         RETURNING * INTO tree;
         IF tree.open_jobs = 0 THEN
-            IF tree.on_complete IS NOT NULL AND tree.completion_job IS NULL THEN
+            IF tree.on_complete IS NOT NULL AND tree.completion_job IS NULL AND NOT tree.cancelled THEN
                 completion := replace(CAST(gen_random_uuid() AS text), '-', '');
                 INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)
                 VALUES (tree.project, tree.on_complete->>'spider', completion, 0,
