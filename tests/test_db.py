@@ -128,7 +128,8 @@ def test_a_busy_pool_makes_work_wait_and_never_opens_more_than_its_size(database
     def work(worker):
         for i in range(25):
             store.enqueue("p", {"name": "s", "_job": f"{worker}-{i}"})
-            store.claim_next_jobs(["p"], 1, node="n", worker=str(worker))
+            # SKIP LOCKED: a claim finds nothing while every pending row is being claimed by another thread
+            wait_for(lambda: store.claim_next_jobs(["p"], 1, node="n", worker=str(worker)), 30, "a claim")
 
     sampler = threading.Thread(target=sample)
     sampler.start()

@@ -56,10 +56,19 @@ def test_a_job_scheduled_on_node1_running_on_node3_is_cancelled_from_node2s_page
     assert log == f"{node3.url}logs/example/sleeper/steered.log"
     screenshot(browser, artifacts, "jobs-running-on-node3")
 
-    row_of(browser, "steered").find_element(By.CSS_SELECTOR, "input[type=submit][value=Cancel]").click()
-    browser.switch_to.alert.accept()  # Scrapyd's "Are you sure?"
-    wait_for(lambda: "cancel.json" in browser.current_url, 10, "the cancel form to be sent")
-    assert '"prevstate": "running"' in browser.page_source
+    # As in Scrapyd, the first Cancel asks Scrapy to shut down gracefully (it waits for the sleeping callback), the
+    # second forces it: a person clicks twice.
+    steered_log = node3.directory / "logs" / "example" / "sleeper" / "steered.log"
+    for click, delivered in enumerate(("Received SIGINT, shutting down gracefully", "Received SIGINT twice")):
+        if click:
+            if jobs(database_url, "steered")["steered"][0] == "terminated":
+                break  # the signal came before the callback slept: the graceful shutdown was enough
+            browser.get(f"{node2.url}jobs")
+        row_of(browser, "steered").find_element(By.CSS_SELECTOR, "input[type=submit][value=Cancel]").click()
+        browser.switch_to.alert.accept()  # Scrapyd's "Are you sure?"
+        wait_for(lambda: "cancel.json" in browser.current_url, 10, "the cancel form to be sent")
+        assert '"prevstate": "running"' in browser.page_source
+        wait_for(lambda: delivered in steered_log.read_text(), 30, f"node 3 to signal the crawl ({delivered})")
     wait_for(lambda: jobs(database_url, "steered")["steered"][:2] == ("terminated", "cancelled"), 60,
              "the crawl on node 3 to end as cancelled")
     assert len(runs_of(tmp_path, "steered")) == 1  # it ran once, on node 3, and was stopped there
