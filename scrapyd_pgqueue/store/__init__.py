@@ -10,6 +10,7 @@ One module per concern:
 
 - ``base``: what the others share: channels, limits, errors, shared rows, the operations' helpers.
 - ``queue``: enqueue (delayed, unique), claim (due jobs, per-spider limits), waiting jobs, notify (``JobStore``).
+- ``enqueue``: the rules of a job's columns and the one statement that stores a batch (delayed, unique, tree jobs).
 - ``finishing``: start, finish or retry, prune, terminated jobs (``JobEnds``, in ``JobStore``).
 - ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
 - ``trees``: crawl trees: children placed in their parent's tree, tree-scoped keys, the tree's view and cancel

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store import queue
+from scrapyd_pgqueue.store import enqueue
 from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, JobOptions, check_name, database_errors, encode_message
 from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 
@@ -308,7 +308,7 @@ class ScheduleStore:
             cas["next_fire_time"] = first_due_after(Timing(row.cron, row.timezone, row.every_seconds), row.now,
                                                     row.next_fire_time)
             message = {**row.args, "name": row.spider, "_job": uuid.uuid1().hex, "settings": row.settings}
-            rows = queue.job_rows(row.project, [(message, row.priority, JobOptions(periodic=row.name))], False)
+            rows = enqueue.job_rows(row.project, [(message, row.priority, JobOptions(periodic=row.name))], False)
         except (ValueError, TypeError, KeyError) as e:  # stored by hand, or the time zone database changed
             firing.broken.append((row.name, str(e)))
             retry = row.now + datetime.timedelta(seconds=BROKEN_RETRY_SECONDS)
@@ -318,7 +318,7 @@ class ScheduleStore:
             _moved_on(connection.execute(SKIPPED_PERIODIC, {**cas, "counted": 1}), row.name)
             firing.skipped.append(row.name)
             return
-        enqueued = queue.insert_jobs(connection, row.project, rows)
+        enqueued = enqueue.insert_jobs(connection, row.project, rows)
         if not enqueued:
             raise db.too_late(self.engine, f"periodic job '{row.name}' was not fired")
         [job] = enqueued

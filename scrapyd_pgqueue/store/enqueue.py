@@ -1,0 +1,186 @@
+"""Adding jobs: the rules a job's columns follow, and the one statement that stores a batch (delayed, unique and
+tree jobs too); run by ``queue.JobStore.enqueue`` and by periodic firings inside their own transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store.base import (
+    ERROR,
+    NO_OPTIONS,
+    NOTIFY_CHANNEL,
+    REPLACE,
+    DuplicateJobError,
+    Enqueued,
+    InvalidJobError,
+    JobOptions,
+    check_name,
+    encode_message,
+    now,
+)
+
+# --- queries ---------------------------------------------------------------------------------------------------
+
+# Add jobs, all or none, in one statement; one NOTIFY wakes idle nodes (delivered on commit, so a woken node finds
+# the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in the arrays' order (ORDER
+# BY n), so their ids, and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on
+# the database's clock) waits as 'delayed'; run_at is every job's due time (past-due counts read it). A unique key already held by a waiting job of the project updates that
+# job instead (spider_job_waiting_unique_key decides, also between concurrent schedules): with the new run time,
+# priority, arguments and settings for the keys in :replace_keys, unchanged otherwise, its job id kept; RETURNING
+# says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
+# answer (:answer_by, database clock): a statement that reaches a stalled server and runs after the caller gave up and
+# answered "error" must not leave a ghost job behind.
+ENQUEUE_JOBS = text("""
+    WITH batch AS (
+        SELECT b.*, coalesce(to_timestamp(b.run_at_epoch), now() + make_interval(secs => b.delay)) AS due
+        FROM unnest(CAST(:spiders AS text[]), CAST(:jobs AS text[]), CAST(:versions AS text[]),
+                    CAST(:prioritys AS double precision[]), CAST(:messages AS jsonb[]),
+                    CAST(:run_ats AS double precision[]), CAST(:delays AS double precision[]),
+                    CAST(:unique_keys AS text[]), CAST(:retriess AS integer[]),
+                    CAST(:retry_delays AS double precision[]), CAST(:periodics AS text[]),
+                    CAST(:parents AS text[]), CAST(:parent_ids AS bigint[]), CAST(:tree_ids AS bigint[]))
+             WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
+                                  retry_delay, periodic, parent, parent_id, tree_id, n)
+    ), inserted AS (
+        INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
+                                     retries, retry_delay, periodic, parent, parent_id, tree_id, created_time)
+        SELECT :project, spider, job, version, priority, message,
+               CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
+               unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, :now
+        FROM batch
+        WHERE clock_timestamp() < to_timestamp(:answer_by)
+        ORDER BY n
+        ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
+        DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay) = (
+            SELECT EXCLUDED.spider, EXCLUDED.version, EXCLUDED.priority,
+                   EXCLUDED.message || jsonb_build_object('_job', j.job), EXCLUDED.status, EXCLUDED.run_at,
+                   EXCLUDED.retries, EXCLUDED.retry_delay
+            WHERE EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
+            UNION ALL
+            SELECT j.spider, j.version, j.priority, j.message, j.status, j.run_at, j.retries, j.retry_delay
+            WHERE NOT EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
+        )
+        RETURNING j.id, j.job, j.unique_key, j.xmax <> 0 AS existing
+    ), woken AS (
+        SELECT pg_notify(:channel, :project) WHERE EXISTS (SELECT 1 FROM inserted)
+    )
+    SELECT id, job, unique_key, existing FROM inserted, (SELECT count(*) FROM woken) AS notified
+""")
+
+# --- operations ------------------------------------------------------------------------------------------------
+
+
+def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
+    """Run ENQUEUE_JOBS for ``rows`` (from ``job_rows``) on ``connection``, in a transaction of the caller's (a
+    periodic firing) or alone; say where each job went, in their order. Empty when the caller's time ran out."""
+    params = {"project": rows[0]["project"], "now": now(), "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
+    for column in _ENQUEUE_COLUMNS:
+        params[f"{column}s"] = [row[column] for row in rows]
+    params["replace_keys"] = [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE]
+    with _duplicates_refused(project, params["jobs"]):
+        return _in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())
+
+
+# The arrays ENQUEUE_JOBS takes, one element per job.
+_ENQUEUE_COLUMNS = (
+    "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
+    "periodic", "parent", "parent_id", "tree_id",
+)
+
+
+def job_rows(project: str, jobs, numbered: bool) -> list[dict[str, Any]]:
+    """The checked columns of each (message, priority[, options]); InvalidJobError or DuplicateJobError naming the
+    job's index in a batch."""
+    rows = []
+    for index, (message, priority, *options) in enumerate(jobs):
+        try:
+            rows.append(_job_row(project, message, priority, options[0] if options else NO_OPTIONS))
+        except InvalidJobError as e:
+            raise InvalidJobError(f"job {index}: {e}" if numbered else str(e)) from None
+    for column, what in (("job", "job id"), ("unique_key", "unique_key")):  # tree keys: the first one wins
+        seen: dict[str, int] = {}
+        for index, row in enumerate(rows):
+            if row[column] is not None and seen.setdefault(row[column], index) != index:
+                raise DuplicateJobError(f"job {index}: {what} '{row[column]}' is also job {seen[row[column]]}")
+    return rows
+
+
+def _job_row(project: str, message: dict[str, Any], priority: float, options: JobOptions) -> dict[str, Any]:
+    """The columns of a new job, checked as the table can hold them (InvalidJobError)."""
+    try:
+        priority = float(priority)
+    except (TypeError, ValueError):
+        raise InvalidJobError(f"priority must be a number, not {priority!r}") from None
+    if not math.isfinite(priority):
+        raise InvalidJobError(f"priority must be a finite number, not {priority!r}")
+    job = message.get("_job")
+    if job is None:
+        job = uuid.uuid1().hex  # the row needs an id; the message stays exactly as given
+    version = message.get("_version")
+    return {
+        "project": check_name("project", project),
+        "spider": check_name("spider name", message.get("name")),
+        "job": check_name("job id", str(job)),
+        "version": None if version is None else check_name("version", version),
+        "priority": priority,
+        "message": encode_message(message),
+        "run_at": options.run_at,
+        "delay": options.delay,
+        # A tree-scoped key lives in spider_tree_key, not among the waiting jobs' keys.
+        "unique_key": None if options.unique_key is None or options.unique_scope == "tree"
+        else check_name("unique_key", options.unique_key),
+        "tree_key": check_name("unique_key", options.unique_key) if options.unique_scope == "tree" else None,
+        "parent": None if options.parent is None else check_name("parent job id", options.parent),
+        "parent_id": None,
+        "tree_id": None,
+        "on_complete": None if options.on_complete is None else check_name("on_complete", options.on_complete),
+        "on_complete_args": options.on_complete_args,
+        "on_conflict": options.on_conflict,
+        "retries": options.retries,
+        "retry_delay": options.retry_delay,
+        "periodic": options.periodic,
+    }
+
+
+def _in_request_order(rows: list[dict[str, Any]], returned) -> list[Enqueued]:
+    """ENQUEUE_JOBS' rows (in no order) as the requested jobs' order: a unique job by its key (the job id may be a
+    waiting job's), the others by job id."""
+    by_key = {row.unique_key: row for row in returned if row.unique_key is not None}
+    by_job = {row.job: row for row in returned}
+    found = [by_key[row["unique_key"]] if row["unique_key"] is not None else by_job.get(row["job"]) for row in rows]
+    return [Enqueued(row.id, row.job, row.existing) for row in found if row is not None]
+
+
+def refuse_existing_keys(rows: list[dict[str, Any]], enqueued: list[Enqueued]) -> None:
+    """DuplicateJobError for the first job whose unique key (with on_conflict "error") a waiting job held."""
+    for index, (row, result) in enumerate(zip(rows, enqueued)):
+        if row["on_conflict"] == ERROR and result.existing:
+            where = f"job {index}: " if len(rows) > 1 else ""
+            raise DuplicateJobError(
+                f"{where}unique_key '{row['unique_key']}' is held by waiting job '{result.job}' of project "
+                f"'{row['project']}'"
+            )
+
+
+@contextlib.contextmanager
+def _duplicates_refused(project: str, jobs: list[str]):
+    """The live-job unique index's refusal as DuplicateJobError, naming the job (and its place in a batch)."""
+    try:
+        yield
+    except IntegrityError as e:
+        if not (getattr(e.orig, "diag", None) and e.orig.diag.constraint_name == "spider_job_live_job_key"):
+            raise
+        detail = e.orig.diag.message_detail or ""  # Key (project, job)=(p, j) already exists.
+        index = next((i for i, job in enumerate(jobs) if detail.endswith(f", {job}) already exists.")), 0)
+        where = f"job {index}: " if len(jobs) > 1 else ""
+        raise DuplicateJobError(
+            f"{where}job id '{jobs[index]}' is already pending or running in project '{project}'"
+        ) from None
