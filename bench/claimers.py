@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import psycopg2 as psycopg2_dialect
 from bench import database
 from scrapyd_pgqueue import store
 from scrapyd_pgqueue.spiderqueue import PostgresSpiderQueue
-from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.store import NOTIFY_CHANNEL, JobStore
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ class BareClaimStatement:
     def __init__(self, run: ClaimRun, index: int):
         self.statement = bare_claim_statement()
         self.connection = database.connect(run.database_url)
-        self.params = {"project": run.project, "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex}
+        self.params = {"project": run.project, "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex,
+                       "channel": NOTIFY_CHANNEL}
 
     def claim(self) -> bool:
         try:
@@ -99,7 +100,7 @@ class BareClaimStatement:
         except Exception:
             self.connection.rollback()
             raise
-        return bool(rows)
+        return any(row[0] is not None for row in rows)  # the last row (id NULL) is the claim's summary
 
     def close(self) -> None:
         self.connection.close()
