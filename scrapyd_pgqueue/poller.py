@@ -20,7 +20,7 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import metrics, notifications
 from scrapyd_pgqueue.db import ThrottledLog
 from scrapyd_pgqueue.periodic import PeriodicFirer
-from scrapyd_pgqueue.store import NOTIFY_CHANNEL, ClaimedJob, JobStore
+from scrapyd_pgqueue.store import NOTIFY_CHANNEL, Claim, ClaimedJob, JobStore
 
 log = Logger()
 
@@ -73,7 +73,7 @@ class PostgresPoller:
         free_slots = len(self.dq.waiting) if self.accepting else 0
         projects = list(self.queues)
         if not free_slots or not projects:
-            return defer.succeed([])
+            return defer.succeed(Claim([], 0, None))  # nothing to fill: no claim, no timer
         return threads.deferToThread(
             self.store.claim,
             projects,
@@ -91,10 +91,9 @@ class PostgresPoller:
                                      key="claim")
             return None  # no immediate retry: a database that is away would be hammered
         self.claim_errors.clear("claim")
-        if result:
-            claim_again = claim_again or result.became_due > 0  # pending now, claimable by the next claim
-            self.claim_when_due(result.next_due_in)
-        for claimed in getattr(result, "jobs", result):
+        claim_again = claim_again or result.became_due > 0  # pending now, claimable by the next claim
+        self.claim_when_due(result.next_due_in)
+        for claimed in result.jobs:
             metrics.CLAIMS.inc()
             message = dict(claimed.message)
             message["_project"] = claimed.project

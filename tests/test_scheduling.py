@@ -116,15 +116,22 @@ def test_keep_error_and_a_running_job_with_the_same_key(database_url):
 def test_a_failing_job_is_retried_with_backoff_then_dead_and_requeued(database_url):
     store = JobStore.for_url(database_url)
     store.enqueue("p", {"name": "s", "_job": "flaky"}, options=JobOptions(retries=2, retry_delay=0.2))
-    delays = []
+    backoffs = []
     for attempt in range(3):
         [claimed] = wait_for(lambda: claim(store).jobs, 10, f"attempt {attempt + 1}")
-        now = datetime.datetime.now()
+        now, before = datetime.datetime.now(), time.time()
         store.finish_job(project="p", spider="s", job="flaky", start_time=now, end_time=now, outcome=FAILED,
                          exit_code=1, claimed=claimed, worker="w")
-        delays.append(query(database_url, "SELECT extract(epoch FROM run_at - now()), failures FROM spider_job")[0])
-    assert [failures for _, failures in delays] == [1, 2, 3]
-    assert 0.1 < delays[0][0] <= 0.2 and 0.3 < delays[1][0] <= 0.4  # 0.2 s, then 0.4 s
+        after = time.time()
+        [(run_at, failures)] = query(database_url, "SELECT extract(epoch FROM run_at), failures FROM spider_job")
+        if run_at is None:  # out of retries: dead, no next run
+            backoffs.append((None, None, failures))
+        else:
+            backoffs.append((float(run_at) - after, float(run_at) - before, failures))
+    assert [failures for *_, failures in backoffs] == [1, 2, 3]
+    # run_at = the finish's time + 0.2 s, then + 0.4 s (the finish happened between before and after)
+    assert backoffs[0][0] <= 0.2 <= backoffs[0][1] and backoffs[1][0] <= 0.4 <= backoffs[1][1]
+    assert backoffs[2][:2] == (None, None)
     assert jobs(database_url, "flaky")["flaky"][:2] == ("terminated", "dead")
     store.prune_terminated(0)
     assert ClusterStore.for_url(database_url).requeue_dead(spider="s") == [("p", "flaky")]  # dead letters stay

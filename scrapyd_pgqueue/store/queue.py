@@ -43,7 +43,7 @@ def _claim_statement(which_projects: str):
             FROM due WHERE j.id = due.id
             RETURNING j.project
         ), woken AS (
-            SELECT pg_notify(:channel, project) FROM (SELECT DISTINCT project FROM promoted) AS p
+            SELECT count(*) AS jobs, pg_notify(:channel, project) FROM promoted GROUP BY project
         ), limits AS MATERIALIZED (
             SELECT project, spider, max_running FROM spider_limit
             WHERE {which_projects}
@@ -81,7 +81,7 @@ def _claim_statement(which_projects: str):
         FROM claimed
         UNION ALL
         SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               (SELECT count(*) FROM promoted) + 0 * (SELECT count(*) FROM woken),
+               (SELECT coalesce(sum(jobs), 0) FROM woken),
                (SELECT extract(epoch FROM min(run_at) - now()) FROM spider_job
                 WHERE status = 'delayed' AND {which_projects})
     """)

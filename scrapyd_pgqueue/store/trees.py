@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, Enqueued, JobRow, database_errors, now
+from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, Enqueued, InvalidJobError, JobRow, database_errors, now
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -166,8 +166,6 @@ def place_in_trees(connection, project: str, rows: list[dict[str, Any]]) -> dict
     found = {r.job: r for r in connection.execute(PARENTS, {"project": project, "parents": parents})}
     missing = [parent for parent in parents if parent not in found]
     if missing:
-        from scrapyd_pgqueue.store.base import InvalidJobError
-
         raise InvalidJobError(f"parent job '{missing[0]}' not found in project '{project}'")
     roots = sorted({r.tree_id for r in found.values() if r.tree_id == r.id})
     if roots:
@@ -185,9 +183,11 @@ def _take_tree_keys(connection, rows: list[dict[str, Any]]) -> dict[int, Enqueue
     first: dict[tuple[int, str], int] = {}
     for index, row in keyed:
         first.setdefault((row["tree_id"], row["tree_key"]), index)
-    params = {"tree_ids": [], "keys": [], "jobs": []}
-    for (tree_id, key), index in first.items():
-        params["tree_ids"].append(tree_id), params["keys"].append(key), params["jobs"].append(rows[index]["job"])
+    params = {
+        "tree_ids": [tree_id for tree_id, _ in first],
+        "keys": [key for _, key in first],
+        "jobs": [rows[index]["job"] for index in first.values()],
+    }
     taken = {(r.tree_id, r.unique_key): r for r in connection.execute(CLAIM_TREE_KEYS, params)}
     existing = {}
     for index, row in keyed:
