@@ -71,12 +71,8 @@ class PgQueueClaimNextJobs:
 
 
 def bare_claim_statement() -> str:
-    """The store's claim of one project with psycopg2 placeholders (compiled, so it follows the store).
-
-    ``CLAIM_NEXT_JOBS_OF_PROJECT`` is the statement (a) sends: ``pop()`` and ``claim_next_jobs([project])`` both
-    claim one project. (``CLAIM_NEXT_JOBS`` is the same claim without a project filter.)
-    """
-    return str(store.CLAIM_NEXT_JOBS_OF_PROJECT.compile(dialect=psycopg2_dialect.dialect()))
+    """The store's claim with psycopg2 placeholders (compiled, so it follows the store): the statement (a) sends."""
+    return str(store.CLAIM_NEXT_JOBS.compile(dialect=psycopg2_dialect.dialect()))
 
 
 class BareClaimStatement:
@@ -88,7 +84,7 @@ class BareClaimStatement:
     def __init__(self, run: ClaimRun, index: int):
         self.statement = bare_claim_statement()
         self.connection = database.connect(run.database_url)
-        self.params = {"project": run.project, "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex,
+        self.params = {"projects": [run.project], "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex,
                        "channel": NOTIFY_CHANNEL}
 
     def claim(self) -> bool:

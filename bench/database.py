@@ -275,3 +275,25 @@ def remove_scrapyd_environment() -> list[str]:
         if os.environ.pop(name, None) is not None:
             removed.append(name)
     return removed
+
+
+# auto_explain, for the statements run inside a function (EXPLAIN shows a function call as one node): each plan is
+# sent back to this client as a LOG message (client_min_messages), the outer statement's last.
+NESTED_EXPLAIN = (
+    "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on; "
+    "SET auto_explain.log_analyze = on; SET auto_explain.log_buffers = on; SET auto_explain.log_format = json; "
+    "SET client_min_messages = log"
+)
+
+
+def explain_nested(connection, statement: str, params: dict) -> list[dict]:
+    """Run ``statement`` (in the caller's transaction) and return the plan of each statement it ran, with timing
+    and buffers, in order: the functions' statements, then the statement itself. Needs a superuser (LOAD)."""
+    with connection.cursor() as cursor:
+        cursor.execute(NESTED_EXPLAIN)
+        del connection.notices[:]
+        cursor.execute(statement, params)
+        cursor.fetchall()
+        cursor.execute("RESET client_min_messages")
+    return [json.loads(notice[notice.index("plan:") + len("plan:"):]) for notice in connection.notices
+            if "plan:" in notice]

@@ -6,7 +6,6 @@ import time
 
 from sqlalchemy import text
 
-from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.store import JobStore
 
 CLAIMERS = 8
@@ -87,9 +86,14 @@ def test_a_small_project_behind_a_large_backlog_is_claimed_from_its_own_index(da
         )
         cursor.execute("ANALYZE spider_job")
     store.enqueue("small", {"name": "s", "_job": "mine"}, priority=-1)
-    params = {"project": "small", "limit": 1, "node": "n", "worker": "w", "now": None, "channel": "c"}
-    with store.engine.begin() as connection:
-        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.CLAIM_NEXT_JOBS_OF_PROJECT.text), params).scalars())
+    # The plans of the claim function's statements, as auto_explain sends them to this client; the claim rolled back.
+    with admin_connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; "
+                       "SET auto_explain.log_nested_statements = on; SET client_min_messages = log")
+        cursor.execute("BEGIN")
+        cursor.execute("SELECT * FROM claim_spider_jobs(ARRAY['small'], 1, 'n', 'w', now()::timestamp, 'c')")
+        cursor.execute("ROLLBACK")
+    [plan] = [notice for notice in admin_connection.notices if "UPDATE spider_job" in notice]
     assert "spider_job_pending_project_idx" in plan, plan
     [claimed] = store.claim_next_jobs(["small"], 1, node="n", worker="w")
     assert claimed.job == "mine"

@@ -240,45 +240,46 @@ def _count_delayed(url: str) -> int:
 
 
 def explain_claims(url: str) -> dict:
-    """The claim of one project and of the five under EXPLAIN (ANALYZE, BUFFERS), rolled back: what it read."""
+    """The claim of one project and of the five, each statement it runs explained (ANALYZE, BUFFERS), rolled back:
+    what it read."""
     from sqlalchemy.dialects.postgresql import psycopg2 as psycopg2_dialect
 
     from scrapyd_pgqueue.store import queue as store
     from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, now
 
+    statement = str(store.CLAIM_NEXT_JOBS.compile(dialect=psycopg2_dialect.dialect()))
     params = {"limit": 1, "node": "bench-delayed-explain", "worker": uuid.uuid4().hex, "now": now(),
-              "channel": NOTIFY_CHANNEL, "project": PROJECTS[0], "projects": list(PROJECTS)}
+              "channel": NOTIFY_CHANNEL}
     explained = {}
-    for name, statement, project in EXPLAINED:
-        compiled = str(getattr(store, statement).compile(dialect=psycopg2_dialect.dialect()))
+    for name, projects in EXPLAINED:
         connection = database.connect(url)
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + compiled, {**params, "project": project})
-                document = cursor.fetchone()[0]
+            plans = database.explain_nested(connection, statement, {**params, "projects": projects})
         finally:
             connection.rollback()  # ANALYZE ran the claim: give the job back
             connection.close()
-        explained[name] = summarise_plan(document[0])
+        explained[name] = summarise_plans(plans)
     return explained
 
 
-EXPLAINED = (  # name, the store's statement, :project
-    ("claim_project", "CLAIM_NEXT_JOBS_OF_PROJECT", PROJECTS[0]),
-    ("claim_projects", "CLAIM_NEXT_JOBS_OF_PROJECTS", None),
-    ("claim_project_without_delayed", "CLAIM_NEXT_JOBS_OF_PROJECT", PROJECT_WITHOUT_DELAYED),
+EXPLAINED = (  # name, the claim's :projects
+    ("claim_project", [PROJECTS[0]]),
+    ("claim_projects", list(PROJECTS)),
+    ("claim_project_without_delayed", [PROJECT_WITHOUT_DELAYED]),
 )
 
 
-def summarise_plan(document: dict) -> dict:
-    plan = document["Plan"]
+def summarise_plans(plans: list[dict]) -> dict:
+    """What the claim's statements read, together (the last plan is the call itself: its time is the claim's)."""
+    *inner, outer = plans
     nodes = []
-    _walk(plan, nodes)
+    for document in inner:
+        _walk(document["Plan"], nodes)
     return {
-        "execution_ms": document.get("Execution Time"),
-        "shared_hit": plan.get("Shared Hit Blocks", 0),
-        "shared_read": plan.get("Shared Read Blocks", 0),
-        "planning_shared_hit": document.get("Planning", {}).get("Shared Hit Blocks"),
+        "execution_ms": outer["Plan"].get("Actual Total Time"),
+        "shared_hit": sum(document["Plan"].get("Shared Hit Blocks", 0) for document in inner),
+        "shared_read": sum(document["Plan"].get("Shared Read Blocks", 0) for document in inner),
+        "statements": len(inner),
         # Per node that reads spider_job or one of its indexes (an index scan's buffers include its heap fetches).
         "scans": nodes,
     }
@@ -300,9 +301,12 @@ def _walk(node: dict, out: list) -> None:
         _walk(child, out)
 
 
+DELAYED_INDEXES = ("spider_job_delayed_idx", "spider_job_delayed_project_idx")  # all projects; one project
+
+
 def _delayed_index_blocks(explained: dict) -> int:
     return sum(scan["shared_hit"] + scan["shared_read"] for scan in explained["scans"]
-               if scan["index"] == "spider_job_delayed_idx")
+               if scan["index"] in DELAYED_INDEXES)
 
 
 # --- figures ----------------------------------------------------------------------------------------------------
@@ -361,9 +365,9 @@ def format_table(result: dict) -> str:
                          str(figures["samples"]), str(figures["promoted"]) if "promoted" in figures else "", *ratios])
     explain_rows = []
     for point in result["series"]["explain"]["points"]:
-        for statement, _, _ in EXPLAINED:
+        for statement, _ in EXPLAINED:
             explained = point[statement]
-            delayed_scans = [scan for scan in explained["scans"] if scan["index"] == "spider_job_delayed_idx"]
+            delayed_scans = [scan for scan in explained["scans"] if scan["index"] in DELAYED_INDEXES]
             explain_rows.append([
                 point["scenario"], statement,
                 report.number(explained["shared_hit"] + explained["shared_read"]),
@@ -388,9 +392,9 @@ def format_table(result: dict) -> str:
             f"{ratio(points['empty_again'][path]['p99_ms'], points['empty'][path]['p99_ms']):.2f}"
             for path in CLAIM_PATHS),
         "",
-        "EXPLAIN (ANALYZE, BUFFERS) of one claim (rolled back), shared buffers; pop() and claim_next_jobs([p]) send "
-        "claim_project, claim_next_jobs(5 projects) claim_projects",
-        report.format_rows(["table", "statement", "buffers", "read", "delayed_idx", "delayed_idx scans",
+        "Each statement of one claim explained (auto_explain: ANALYZE, BUFFERS; rolled back), shared buffers summed; "
+        "pop() and claim_next_jobs([p]) send claim_project, claim_next_jobs(5 projects) claim_projects",
+        report.format_rows(["table", "statement", "buffers", "read", "delayed idx", "delayed idx scans",
                             "exec ms"], explain_rows),
         "",
         report.format_targets(result["targets"]),

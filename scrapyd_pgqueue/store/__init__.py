@@ -61,7 +61,7 @@ from scrapyd_pgqueue.store.eggs import EggStore
 from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
 from scrapyd_pgqueue.store.trees import TreeView
-from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS_OF_PROJECT, Claim, JobStore, notify_through_pool
+from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS, Claim, JobStore, notify_through_pool
 from scrapyd_pgqueue.store.schedules import (
     OVERLAP,
     PERIODIC_CHANNEL,
@@ -135,6 +135,6 @@ __all__ = [
     "ScheduleStore",
     "notify_through_pool",
     # queries the tests and the benchmark read (their plans, their compiled SQL)
-    "CLAIM_NEXT_JOBS_OF_PROJECT",
+    "CLAIM_NEXT_JOBS",
     "RECOVER_EXPIRED_LEASES",
 ]

@@ -29,85 +29,27 @@ from scrapyd_pgqueue.store.nodes import NodeLeases
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-def _claim_statement(which_projects: str):
-    """The claim, for one way of choosing projects (a fixed SQL fragment, never a value)."""
-    return text(f"""
-        WITH due AS (
-            SELECT id FROM spider_job
-            WHERE status = 'delayed' AND run_at <= now() AND {which_projects}
-            ORDER BY run_at
-            LIMIT 1000
-            FOR UPDATE SKIP LOCKED
-        ), promoted AS (
-            UPDATE spider_job AS j SET status = 'pending'
-            FROM due WHERE j.id = due.id
-            RETURNING j.project
-        ), woken AS (
-            SELECT count(*) AS jobs, pg_notify(:channel, project) FROM promoted GROUP BY project
-        ), limits AS MATERIALIZED (
-            SELECT project, spider, max_running FROM spider_limit
-            WHERE {which_projects}
-            FOR UPDATE SKIP LOCKED
-        ), room AS (
-            SELECT project, spider, max_running - spider_job_running(project, spider) AS free FROM limits
-        ), unlimited_jobs AS (
-            SELECT id, priority FROM spider_job AS j
-            WHERE status = 'pending' AND {which_projects}
-              AND NOT EXISTS (SELECT 1 FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
-            ORDER BY priority DESC, id
-            LIMIT :limit
-            FOR UPDATE SKIP LOCKED
-        ), limited_jobs AS (
-            SELECT next.id, next.priority FROM room, LATERAL (
-                SELECT id, priority FROM spider_job
-                WHERE status = 'pending' AND project = room.project AND spider = room.spider
-                ORDER BY priority DESC, id
-                LIMIT greatest(least(room.free, :limit), 0)
-                FOR UPDATE SKIP LOCKED
-            ) AS next
-        ), next_jobs AS (
-            SELECT id FROM (SELECT * FROM unlimited_jobs UNION ALL SELECT * FROM limited_jobs) AS candidates
-            ORDER BY priority DESC, id
-            LIMIT :limit
-        ), claimed AS (
-            UPDATE spider_job AS j
-            SET status = 'ongoing', node = :node, worker = :worker, start_time = :now, attempts = j.attempts + 1
-            FROM next_jobs
-            WHERE j.id = next_jobs.id
-            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                      CAST(extract(epoch FROM now() - j.run_at) AS double precision) AS waited
-        )
-        SELECT id, project, job, attempts, message, priority, waited, NULL AS promoted, NULL AS next_due_in
-        FROM claimed
-        UNION ALL
-        SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               (SELECT coalesce(sum(jobs), 0) FROM woken),
-               (SELECT extract(epoch FROM min(run_at) - now()) FROM spider_job
-                WHERE status = 'delayed' AND {which_projects})
-    """)
-
-
-# Claim the next :limit pending jobs for this node: of any project, of the :projects it can run, or of one
-# :project (ISpiderQueue.pop). One statement, shaped for concurrency and for a cost that does not grow with the
-# backlog:
-# - due: delayed jobs whose time has come become pending (and wake the nodes, which claim them at once), read from
-#   the head of spider_job_delayed_idx: a million jobs still waiting cost nothing. Not claimed in this statement,
-#   whose snapshot cannot see them pending.
-# - unlimited_jobs locks rows with FOR UPDATE SKIP LOCKED, so concurrent claimers pass over each other's rows instead
-#   of queueing behind them, and LIMIT = the caller's free slots (a node never takes more than it can start). It
-#   reads spider_job_pending_idx from its head in (priority DESC, id) order; one project reads
+# Claim the next :limit pending jobs of :projects (all when NULL) for this node, in one round trip. The statement is
+# the function claim_spider_jobs (migration 0006, where its SQL and reasons are), so that the server plans it once
+# per connection instead of on every call. Its steps, each shaped for concurrency and for a cost that does not grow
+# with the backlog:
+# - Due delayed jobs become pending (and wake the nodes), read from the head of spider_job_delayed_idx: a million
+#   jobs still waiting cost nothing. They are claimable by the next step of the same call.
+# - The claim locks rows with FOR UPDATE SKIP LOCKED, so concurrent claimers pass over each other's rows instead of
+#   queueing behind them, and LIMIT = the caller's free slots (a node never takes more than it can start). It reads
+#   spider_job_pending_idx from its head in (priority DESC, id) order; one project reads
 #   spider_job_pending_project_idx from the head of that project (a list of projects cannot: an ordered index scan
-#   takes one value of its leading column). Jobs of spiders with a limit are passed over here.
-# - limited_jobs: a spider with a cluster-wide limit (spider_limit) is filled by one claimer at a time, the one that
-#   locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no head-of-line blocking).
-#   spider_job_running() counts its running jobs after that lock, in a fresh snapshot (a VOLATILE function), so
-#   claims committed by other nodes while this statement ran are counted: never more than max_running at once.
-#   Each limited spider reads the head of spider_job_pending_spider_idx, at most its free room.
+#   takes one value of its leading column).
+# - Only when one of the projects has a per-spider limit (spider_limit), that spider is filled by one claimer at a
+#   time, the one that locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no
+#   head-of-line blocking); spider_job_running() counts its running jobs after that lock, in a fresh snapshot, so
+#   claims committed by other nodes meanwhile are counted: never more than max_running at once. Each limited spider
+#   reads the head of spider_job_pending_spider_idx, at most its free room.
 # - The rows are held only for this statement. The last row (id NULL) says how many delayed jobs became due and in
 #   how many seconds the next one is (the poller sets its timer by it).
-CLAIM_NEXT_JOBS = _claim_statement("true")
-CLAIM_NEXT_JOBS_OF_PROJECTS = _claim_statement("project = ANY(:projects)")
-CLAIM_NEXT_JOBS_OF_PROJECT = _claim_statement("project = :project")
+CLAIM_NEXT_JOBS = text(
+    "SELECT * FROM claim_spider_jobs(CAST(:projects AS text[]), :limit, :node, :worker, :now, :channel)"
+)
 
 # Whether any of :projects (all when NULL) has a pending job: an index probe, unlike COUNT(*).
 HAS_PENDING = text("""
@@ -220,18 +162,12 @@ class JobStore(NodeLeases, JobEnds):
     def claim(self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str) -> Claim:
         """``claim_next_jobs``, and what the poller needs for its next claim: delayed jobs that became due, and
         when the next one will."""
-        params = {"limit": max(limit, 0), "node": node, "worker": worker, "now": now(), "channel": NOTIFY_CHANNEL}
-        if projects is None:
-            statement = CLAIM_NEXT_JOBS
-        else:
-            params["projects"] = list(projects)
-            if not params["projects"]:
-                return Claim([], 0, None)
-            statement = CLAIM_NEXT_JOBS_OF_PROJECTS
-            if len(params["projects"]) == 1:
-                statement, params["project"] = CLAIM_NEXT_JOBS_OF_PROJECT, params["projects"][0]
+        params = {"limit": max(limit, 0), "node": node, "worker": worker, "now": now(), "channel": NOTIFY_CHANNEL,
+                  "projects": None if projects is None else list(projects)}
+        if params["projects"] == []:
+            return Claim([], 0, None)
         with db.autocommit(self.engine) as connection:
-            rows = connection.execute(statement, params).all()
+            rows = connection.execute(CLAIM_NEXT_JOBS, params).all()
         summary = next(row for row in rows if row.id is None)
         jobs = sorted((row for row in rows if row.id is not None), key=lambda row: (-row.priority, row.id))
         return Claim(
