@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from psycopg2 import sql
 from scrapyd.config import Config
 from scrapyd.spiderqueue import SqliteSpiderQueue
-from sqlalchemy.dialects.postgresql import psycopg2 as psycopg2_dialect
 
 from bench import database
 from scrapyd_pgqueue import store
@@ -71,8 +70,8 @@ class PgQueueClaimNextJobs:
 
 
 def bare_claim_statement() -> str:
-    """The store's claim with psycopg2 placeholders (compiled, so it follows the store): the statement (a) sends."""
-    return str(store.CLAIM_NEXT_JOBS.compile(dialect=psycopg2_dialect.dialect()))
+    """The store's claim (psycopg2 placeholders): the statement (a) sends, without its timeouts."""
+    return store.CLAIM_NEXT_JOBS
 
 
 class BareClaimStatement:

@@ -59,6 +59,8 @@ class Settings:
     default_retries: int = 0
     # Seconds a pending job may wait to be claimed before the counts call it past due.
     past_due_seconds: float = 60.0
+    # Seconds between two VACUUMs of spider_job by the nodes that finish crawls (store/maintenance.py); 0: off.
+    vacuum_interval: float = 5.0
 
     @property
     def stop_deadline(self) -> float:
@@ -123,6 +125,7 @@ def settings(config=None) -> Settings:
         poll_interval=number("poll_interval", 5.0),
         default_retries=number("default_retries", 0, int),
         past_due_seconds=number("past_due_seconds", 60.0),
+        vacuum_interval=number("vacuum_interval", 5.0),
     )
     if result.database_pool_size < 1:
         raise ConfigurationError("'database_pool_size' must be at least 1")

@@ -183,6 +183,37 @@ def autocommit(engine: Engine):
     return engine.connect()
 
 
+def fetch_all(engine: Engine, statement: str, params: dict) -> list[tuple]:
+    """One statement (psycopg2 placeholders) straight on a pooled connection's cursor, with the timeouts every
+    statement carries: for the claim, the node's hottest call, where SQLAlchemy's execution layer cost more client
+    CPU than the driver itself (about 370 against 200 us a claim)."""
+    return _on_pooled_cursor(engine, STATEMENT_PREFIX + statement, params, fetch=True)
+
+
+def run_outside_transaction(engine: Engine, statement: str) -> None:
+    """A statement that may not run in a transaction block (VACUUM), so without the SET LOCAL timeouts: bounded by
+    the thread's deadline (``operation``) alone."""
+    _on_pooled_cursor(engine, statement, None, fetch=False)
+
+
+def _on_pooled_cursor(engine: Engine, statement: str, params: dict | None, fetch: bool) -> list[tuple] | None:
+    """Errors leave as through the engine (DBAPIError); a connection the driver closed is not pooled again."""
+    try:
+        connection = engine.raw_connection()  # unlike engine.connect(), lets the driver's connect errors through
+    except psycopg2.Error as e:
+        raise DBAPIError.instance(None, None, e, psycopg2.Error) from e
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchall() if fetch else None
+    except psycopg2.Error as e:
+        if connection.dbapi_connection is None or connection.dbapi_connection.closed:
+            connection.invalidate(e)
+        raise DBAPIError.instance(statement, params, e, psycopg2.Error) from e
+    finally:
+        connection.close()
+
+
 @contextlib.contextmanager
 def transaction(engine: Engine):
     """A connection for several statements, all or none: an explicit BEGIN ... COMMIT (ROLLBACK on error)."""

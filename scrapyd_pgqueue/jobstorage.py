@@ -18,7 +18,7 @@ from scrapyd.interfaces import IJobStorage
 from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.models import FINISHED
-from scrapyd_pgqueue.store import ClusterStore, JobStore
+from scrapyd_pgqueue.store import ClusterStore, JobStore, QueueMaintenance
 
 log = Logger()
 
@@ -51,6 +51,7 @@ class PostgresJobStorage:
         self.cluster_store = ClusterStore.for_settings(settings)
         self.logs_dir = config.get("logs_dir", "logs") if config is not None else ""
         self.log_max_bytes = settings.log_max_bytes
+        self.maintenance = QueueMaintenance.for_settings(settings)
 
     def add(self, job):
         claimed = getattr(job, "claimed", None)
@@ -77,6 +78,7 @@ class PostgresJobStorage:
         if claimed is None:
             self.save_log(job)  # a job known by its id only: its row may exist only now
         self.store.prune_terminated(self.finished_to_keep)
+        self.maintenance.vacuum_when_due()  # the nodes that make dead rows clear them (autovacuum is too rare)
 
     def save_log(self, job):
         """Store the tail of the job's log file, if this node has one; a retried ``add`` stores it again."""

@@ -110,6 +110,11 @@ def test_pooled_connections_killed_by_the_server_are_replaced_before_use(scrapyd
     wait_for(lambda: connections_to(admin_connection) == 0, 10, "the sessions to end")
     queue.add("s", _job="after")  # no error: the dead connection was seen closed and replaced, with no ping
     assert [message["_job"] for message in queue.list()] == ["before", "after"]
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    wait_for(lambda: connections_to(admin_connection) == 0, 10, "the sessions to end")
+    assert queue.pop()["_job"] == "before"  # the claim's own path (the driver's cursor) replaces them too
 
 
 # --- the connection budget -------------------------------------------------------------------------------------
@@ -178,6 +183,10 @@ def test_a_stalled_database_is_an_error_within_the_time_allowed_and_leaves_no_gh
         started = time.monotonic()
         with pytest.raises(db.DatabaseError, match="no answer within 2 s"), db.deadline(2):
             store.enqueue("p", {"name": "s", "_job": "ghost"})  # reaches the stopped server, runs when it resumes
+        assert time.monotonic() - started < 3
+        started = time.monotonic()  # the claim's own path (the driver's cursor), on a project with nothing to claim
+        with pytest.raises(db.DatabaseError, match="no answer within 2 s"), db.deadline(2):
+            store.claim_next_jobs(["nothing"], 1, node="n", worker="w")
         assert time.monotonic() - started < 3
         time.sleep(1)
     wait_for(lambda: query(admin_url, "SELECT 1"), 10, "the server to answer")
@@ -268,3 +277,27 @@ def test_0003_upgrades_a_populated_queue_and_keeps_every_row(database_url):
     _migrate_to(database_url, "0002", down=True)
     assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]
     assert query(database_url, "SELECT reloptions FROM pg_class WHERE relname = 'spider_job'") == [(None,)]
+
+
+def test_0006_upgrades_a_populated_queue_whose_claim_then_promotes_and_claims_in_one_call(database_url):
+    _migrate_to(database_url, "0005")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)
+        SELECT 'p', 's', 'job-' || i, i %% 10, jsonb_build_object('name', 's', '_job', 'job-' || i),
+               CASE WHEN i %% 2 = 0 THEN 'pending' ELSE 'delayed' END,
+               CASE WHEN i %% 4 = 1 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END, localtimestamp
+        FROM generate_series(1, %s) AS i
+    """, (3000,))
+
+    _migrate_to(database_url, "0006")
+
+    claim = JobStore.for_url(database_url).claim(["p"], 5, node="n", worker="w")
+    assert claim.became_due == 750  # the delayed jobs already due (i % 4 == 1)
+    # The best of them (priority 9, above any pending job's 8) are claimed by the call that promoted them.
+    assert [int(job.job.split("-")[1]) % 20 for job in claim.jobs] == [9] * 5
+    assert 3590 < claim.next_due_in <= 3600
+    assert query(database_url, "SELECT count(*) FROM spider_job WHERE status = 'pending'") == [(1500 + 750 - 5,)]
+
+    _migrate_to(database_url, "0005", down=True)
+    assert query(database_url, "SELECT count(*) FROM pg_proc WHERE proname = 'claim_spider_jobs'") == [(0,)]
+    assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]

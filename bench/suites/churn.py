@@ -3,10 +3,12 @@
 A fresh table holds ``churn_backlog`` pending jobs (VACUUM ANALYZE'd); its sizes and claim latency are
 measured. Then ``churn_processes`` spawned processes put ``churn_jobs`` jobs through the store the way a node
 does: ``claim_next_jobs(projects, churn_batch)``, then for each claimed job ``finish_job(..., claimed=job)``
-and ``prune_terminated(100)`` (what ``PostgresJobStorage.add`` does after every crawl), and one INSERT ...
+``prune_terminated(100)`` and ``QueueMaintenance.vacuum_when_due()`` at the default ``vacuum_interval`` (what
+``PostgresJobStorage.add`` does after every crawl), and one INSERT ...
 generate_series adds as many new pending jobs, so the backlog stays constant and every job is inserted,
 updated twice and deleted, as in production. Autovacuum is left exactly as the server and the table's storage
-parameters (migration 0003) have it; the table's statistics are sampled while it runs. Afterwards sizes, dead
+parameters (migration 0003) have it, next to the nodes' own vacuums; the table's statistics (and how many vacuums
+the nodes ran) are sampled while it runs. Afterwards sizes, dead
 tuples and claim latency are measured as left, then again after a manual VACUUM, each compared with the fresh
 table.
 """
@@ -42,9 +44,12 @@ class ChurnNode:
     """One node's life, sped up: claim, finish and prune as a node with PostgresJobStorage does."""
 
     def __init__(self, url: str, index: int):
-        from scrapyd_pgqueue.store import JobStore
+        from scrapyd_pgqueue.config import Settings
+        from scrapyd_pgqueue.store import JobStore, QueueMaintenance
 
         self.store = JobStore.for_url(url)
+        self.maintenance = QueueMaintenance(self.store.engine, Settings(url, "bench").vacuum_interval)
+        self.vacuums = 0
         self.node, self.worker = f"bench-churn-{index}", uuid.uuid4().hex
         self.prefix, self.next_number = f"churn-{index}-", 1
         self.prune_failures = 0
@@ -59,7 +64,7 @@ class ChurnNode:
                               end_time=now, exit_code=0, node=self.node, claimed=job, worker=self.worker)
 
     def prune(self) -> None:
-        """``prune_terminated`` as PostgresJobStorage.add calls it after every finish.
+        """``prune_terminated`` and the maintenance, as PostgresJobStorage.add calls them after every finish.
 
         Every node prunes after every finish, so prunes run concurrently over the same rows; before the store's
         prune skipped locked rows they deadlocked. A failure is counted and reported, and the churn goes on (the
@@ -72,6 +77,7 @@ class ChurnNode:
         except DatabaseError as e:
             self.prune_failures += 1
             self.failure_messages.add(str(e))
+        self.vacuums += self.maintenance.vacuum_when_due()
 
     def replace(self, cursor, count: int) -> None:
         """As many new pending jobs as were claimed: the backlog stays constant."""
@@ -131,7 +137,7 @@ def run(ctx: Context) -> dict:
         "series": {
             "stages": stages,
             "during_churn": {"seconds": churn["seconds"], "jobs_per_second": churn["jobs_per_second"],
-                             "prune_failures": churn["prune_failures"],
+                             "prune_failures": churn["prune_failures"], "vacuum_interval": churn["vacuum_interval"],
                              "prune_failure_messages": churn["prune_failure_messages"], "samples": churn["samples"]},
         },
         "ratios": ratios,
@@ -180,7 +186,10 @@ def _churn(ctx: Context) -> dict:
     messages = set()
     while not failure_messages.empty():
         messages.add(failure_messages.get())
+    from scrapyd_pgqueue.config import Settings
+
     return {"seconds": seconds, "jobs_per_second": progress.value / seconds, "samples": samples,
+            "vacuum_interval": Settings(ctx.database_url, "bench").vacuum_interval,
             "prune_failures": prune_failures.value, "prune_failure_messages": sorted(messages)}
 
 
@@ -257,9 +266,12 @@ def _notes(stages: dict, churn: dict, storage: dict) -> list[str]:
         f"autovacuum ran {runs} time(s) on spider_job during the churn; dead tuples peaked at {peak:,} "
         f"(sampled every few seconds) against {after['rows']:,} rows; {after['n_dead_tup']:,} dead at the end"
     )
-    if runs > 0:
-        # Space is reused only once autovacuum has run: the sizes follow the jobs churned between two passes.
-        notes.append(f"{churn['samples'][-1]['jobs'] / runs:,.0f} jobs per autovacuum pass on average")
+    node_vacuums = after["vacuum_count"] - stages["fresh"]["table"]["vacuum_count"]
+    notes.append(f"the churning nodes vacuumed spider_job {node_vacuums} time(s) (QueueMaintenance, vacuum_interval "
+                 f"{churn['vacuum_interval']:g} s)")
+    if runs + node_vacuums > 0:
+        # Space is reused only once a vacuum has run: the sizes follow the jobs churned between two passes.
+        notes.append(f"{churn['samples'][-1]['jobs'] / (runs + node_vacuums):,.0f} jobs per vacuum on average")
     return notes
 
 

@@ -242,12 +242,10 @@ def _count_delayed(url: str) -> int:
 def explain_claims(url: str) -> dict:
     """The claim of one project and of the five, each statement it runs explained (ANALYZE, BUFFERS), rolled back:
     what it read."""
-    from sqlalchemy.dialects.postgresql import psycopg2 as psycopg2_dialect
-
     from scrapyd_pgqueue.store import queue as store
     from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, now
 
-    statement = str(store.CLAIM_NEXT_JOBS.compile(dialect=psycopg2_dialect.dialect()))
+    statement = store.CLAIM_NEXT_JOBS
     params = {"limit": 1, "node": "bench-delayed-explain", "worker": uuid.uuid4().hex, "now": now(),
               "channel": NOTIFY_CHANNEL}
     explained = {}

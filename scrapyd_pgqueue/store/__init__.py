@@ -18,6 +18,7 @@ One module per concern:
 - ``cluster``: the whole cluster's view for the web services: status, lists, counts, cancel, logs (``ClusterStore``).
 - ``admin``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
 - ``eggs``: project eggs (``EggStore``).
+- ``maintenance``: a VACUUM of the queue table when it is due, by the nodes that finish crawls (``QueueMaintenance``).
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
 - ``schedules``: periodic jobs (the operator's, and their firing by every node) and per-spider limits (``ScheduleStore``).
 - ``timing``: when a periodic job is due (pure functions, no SQL).
@@ -58,6 +59,7 @@ from scrapyd_pgqueue.store.cluster import (
     StoredLog,
 )
 from scrapyd_pgqueue.store.eggs import EggStore
+from scrapyd_pgqueue.store.maintenance import QueueMaintenance
 from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
 from scrapyd_pgqueue.store.trees import TreeView
@@ -131,6 +133,7 @@ __all__ = [
     "JobStore",
     "ClusterStore",
     "EggStore",
+    "QueueMaintenance",
     "OverviewStore",
     "ScheduleStore",
     "notify_through_pool",

@@ -47,9 +47,10 @@ from scrapyd_pgqueue.store.nodes import NodeLeases
 #   reads the head of spider_job_pending_spider_idx, at most its free room.
 # - The rows are held only for this statement. The last row (id NULL) says how many delayed jobs became due and in
 #   how many seconds the next one is (the poller sets its timer by it).
-CLAIM_NEXT_JOBS = text(
-    "SELECT * FROM claim_spider_jobs(CAST(:projects AS text[]), :limit, :node, :worker, :now, :channel)"
-)
+CLAIM_NEXT_JOBS = """
+    SELECT id, project, job, attempts, message, priority, waited, promoted, next_due_in
+    FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(now)s, %(channel)s)
+"""
 
 # Whether any of :projects (all when NULL) has a pending job: an index probe, unlike COUNT(*).
 HAS_PENDING = text("""
@@ -151,7 +152,6 @@ class JobStore(NodeLeases, JobEnds):
         placed = iter(inserted)
         return [known[index] if index in known else next(placed) for index in range(len(rows))]
 
-    @database_errors
     def claim_next_jobs(
         self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str
     ) -> list[ClaimedJob]:
@@ -166,14 +166,14 @@ class JobStore(NodeLeases, JobEnds):
                   "projects": None if projects is None else list(projects)}
         if params["projects"] == []:
             return Claim([], 0, None)
-        with db.autocommit(self.engine) as connection:
-            rows = connection.execute(CLAIM_NEXT_JOBS, params).all()
-        summary = next(row for row in rows if row.id is None)
-        jobs = sorted((row for row in rows if row.id is not None), key=lambda row: (-row.priority, row.id))
+        rows = db.fetch_all(self.engine, CLAIM_NEXT_JOBS, params)  # tuples, in CLAIM_NEXT_JOBS's column order
+        [summary] = [row for row in rows if row[0] is None]
+        jobs = sorted((row for row in rows if row[0] is not None), key=lambda row: (-row[5], row[0]))
         return Claim(
-            [ClaimedJob(row.id, row.project, row.job, row.attempts, row.message, row.waited) for row in jobs],
-            summary.promoted or 0,
-            None if summary.next_due_in is None else float(summary.next_due_in),
+            [ClaimedJob(id, project, job, attempts, message, waited)
+             for id, project, job, attempts, message, _, waited, _, _ in jobs],
+            summary[7] or 0,
+            None if summary[8] is None else float(summary[8]),
         )
 
     @database_errors

@@ -1,0 +1,84 @@
+"""The nodes' VACUUM of the queue table (store/maintenance.py), on a real Postgres."""
+
+import datetime
+import time
+import uuid
+
+import pytest
+from sqlalchemy import make_url
+
+from scrapyd_pgqueue.store import JobStore, QueueMaintenance
+from scrapyd_pgqueue.store.maintenance import MIN_DEAD_ROWS
+from helpers import query, wait_for
+
+STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = 'spider_job'"
+
+
+@pytest.fixture
+def database_url(database_url, admin_connection):
+    """The test's database, its queue table left to these vacuums alone (autovacuum could run one meanwhile)."""
+    JobStore.for_url(database_url)  # the schema
+    with admin_connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE spider_job SET (autovacuum_enabled = false)")
+    return database_url
+
+
+def churn(store, jobs):
+    """Jobs inserted, claimed, finished and pruned, as nodes do: three dead rows each."""
+    store.enqueue_many("p", [({"name": "s", "_job": uuid.uuid4().hex}, 0.0) for _ in range(jobs)])
+    now = datetime.datetime.now()
+    for job in store.claim_next_jobs(["p"], jobs, node="n", worker="w"):
+        store.finish_job(project="p", spider="s", job=job.job, start_time=now, end_time=now, claimed=job,
+                         worker="w")
+    store.prune_terminated(0)
+
+
+def dead_rows_counted(url):
+    # The statistics the decision reads arrive from each backend within a second or so.
+    wait_for(lambda: query(url, STATS)[0][0] >= MIN_DEAD_ROWS, 10, "the dead rows in the statistics")
+
+
+def test_a_queue_with_enough_dead_rows_is_vacuumed_once_per_interval(database_url):
+    store = JobStore.for_url(database_url)
+    maintenance = QueueMaintenance(store.engine, interval=2.0)
+    churn(store, MIN_DEAD_ROWS)
+    dead_rows_counted(database_url)
+    [(_, vacuums_before)] = query(database_url, STATS)
+
+    assert maintenance.vacuum_when_due()
+    assert not maintenance.vacuum_when_due()  # within the interval: not even a look at the statistics
+    [(dead, vacuums)] = query(database_url, STATS)
+    assert vacuums == vacuums_before + 1 and dead < MIN_DEAD_ROWS
+
+    time.sleep(2.1)  # a new interval, but the table has nothing to clear
+    assert not maintenance.vacuum_when_due()
+    assert query(database_url, STATS)[0][1] == vacuums
+
+
+def test_another_nodes_recent_vacuum_counts_for_the_whole_cluster(database_url):
+    store = JobStore.for_url(database_url)
+    churn(store, MIN_DEAD_ROWS)
+    dead_rows_counted(database_url)
+    assert QueueMaintenance(store.engine, interval=60.0).vacuum_when_due()  # one node
+    churn(store, MIN_DEAD_ROWS)
+    dead_rows_counted(database_url)
+    assert not QueueMaintenance(store.engine, interval=60.0).vacuum_when_due()  # another, within the minute
+
+
+def test_a_role_that_does_not_own_the_table_leaves_it_to_autovacuum(database_url, admin_connection):
+    role = f"guest_{uuid.uuid4().hex[:8]}"
+    with admin_connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} LOGIN")
+        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    guest = JobStore.for_url(make_url(database_url).set(username=role).render_as_string(hide_password=False))
+    try:
+        churn(guest, MIN_DEAD_ROWS)
+        dead_rows_counted(database_url)
+        assert not QueueMaintenance(guest.engine, interval=1.0).vacuum_when_due()  # and no error
+        assert query(database_url, STATS)[0][0] >= MIN_DEAD_ROWS
+    finally:
+        guest.engine.dispose()
+        with admin_connection.cursor() as cursor:
+            cursor.execute(f"DROP OWNED BY {role}")
+            cursor.execute(f"DROP ROLE {role}")
