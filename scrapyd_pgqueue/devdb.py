@@ -80,7 +80,7 @@ def docker_engine_answers(timeout: float = 2.0) -> bool:
         return False
 
 
-def _postgres_bin_dir() -> Path:
+def postgres_bin_dir() -> Path:
     initdb = shutil.which("initdb")
     if initdb:
         return Path(initdb).resolve().parent
@@ -103,7 +103,7 @@ class LocalPostgres:
     def __init__(self, port: int | None = None, settings: dict[str, str] | None = None):
         self.port = port or free_port()
         self.settings = {**SERVER_SETTINGS, **(settings or {})}
-        self.bin = _postgres_bin_dir()
+        self.bin = postgres_bin_dir()
         self.base = Path(tempfile.mkdtemp(prefix="scrapyd-pgqueue-db-"))
         self.data = self.base / "data"
         self.logfile = self.base / "postgres.log"

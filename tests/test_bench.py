@@ -64,6 +64,8 @@ def test_quick_benchmark_writes_every_series(database_url, tmp_path):
         assert set(document["suites"][suite]["series"]) == series, suite
     for name, data in document["suites"]["throughput"]["series"].items():
         assert [point["claimers"] for point in data["points"]] == [1, 4], name
+    server_only = document["suites"]["throughput"]["server_only"]  # pgbench at the highest level run
+    assert server_only["claimers"] == 4 and all(rate > 0 for rate in server_only["transactions_per_second"].values())
     assert [p["pending"] for p in document["suites"]["depth"]["series"]["claim_latency"]["points"]] == [1000, 20000]
     assert set(document["suites"]["churn"]["series"]["stages"]) == {"fresh", "after_churn", "after_manual_vacuum"}
     assert output.with_suffix(".txt").exists()

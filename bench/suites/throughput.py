@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from bench import database, report
+from bench import database, pgbench, report
 from bench.claimers import KINDS, ClaimRun
 from bench.context import Context
 from bench.stats import ratio
@@ -63,6 +63,7 @@ def run(ctx: Context) -> dict:
     runs = _measure_every_cell(ctx)
     series = {kind: _series(kind, runs[kind]) for kind in KINDS}
     ratios = _ratios(series, profile.claimers)
+    server_only = _server_only(ctx)
     return {
         "parameters": {
             "claimers": list(profile.claimers),
@@ -74,6 +75,7 @@ def run(ctx: Context) -> dict:
             "seed_client": "psycopg2 directly (the article used a SQLAlchemy ORM session)",
         },
         "series": series,
+        "server_only": server_only,
         "ratios": ratios,
         "targets": _targets(ratios),
         "notes": _notes(series),
@@ -105,6 +107,25 @@ def _measure_once(ctx: Context, pool: ClaimerPool, kind: str, level: int, sqlite
     _refill(ctx, kind, sqlite_dir)
     claim_run = ClaimRun(kind, ctx.database_url, PROJECT, ctx.profile.run_seconds, str(sqlite_dir))
     return summarise_run(pool.run(claim_run, level))
+
+
+def _server_only(ctx: Context) -> dict:
+    """(d) and (b) sent by pgbench (bench/pgbench.py) at the target level (or the highest run): the server's side
+    of each design alone, the ceiling of any client's ratio on a machine whose cores the clients share."""
+    profile = ctx.profile
+    level = TARGET_CLAIMERS if TARGET_CLAIMERS in profile.claimers else max(profile.claimers)
+    scripts = {"bare_claim_statement": pgbench.claim_script(ctx.database_url, PROJECT),
+               "seed_lock_table": pgbench.SEED_TRANSACTION}
+    runs = {kind: [] for kind in scripts}
+    for repeat in range(profile.repeats):
+        for kind in _rotated(list(scripts), repeat):
+            _refill(ctx, kind, ctx.workdir)
+            runs[kind].append(pgbench.transactions_per_second(ctx.database_url, scripts[kind], level,
+                                                              profile.run_seconds))
+            ctx.log(f"throughput: server only, {kind} x{level}: {runs[kind][-1]:,.0f} transactions/s (pgbench)")
+    rates = {kind: statistics.median(values) for kind, values in runs.items()}
+    return {"claimers": level, "transactions_per_second": rates, "runs": runs,
+            "ratio": ratio(rates["bare_claim_statement"], rates["seed_lock_table"])}
 
 
 def _rotated(kinds: list[str], shift: int) -> list[str]:
@@ -222,10 +243,19 @@ def format_table(result: dict) -> str:
         "",
         report.format_rows(["ratio", *(f"x{level}" for level in levels)], ratio_rows),
         "",
+        _format_server_only(result["server_only"]),
+        "",
         report.format_targets(result["targets"]),
     ]
     lines += [f"note: {note}" for note in result["notes"]]
     return "\n".join(lines)
+
+
+def _format_server_only(server_only: dict) -> str:
+    rates = server_only["transactions_per_second"]
+    return (f"server side alone (pgbench, {server_only['claimers']} connections, no Python client): (d) claim "
+            f"{rates['bare_claim_statement']:,.0f}/s, (b) seed LOCK TABLE {rates['seed_lock_table']:,.0f}/s, "
+            f"(d) / (b) {server_only['ratio']:.2f}")
 
 
 def plot(result: dict, directory: Path) -> list[Path]:

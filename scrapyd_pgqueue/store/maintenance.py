@@ -1,12 +1,20 @@
-"""Keeping the queue table small: a VACUUM of ``spider_job`` by whichever node is finishing crawls when it is due
-(``QueueMaintenance``).
+"""Keeping the queue table small: a VACUUM of ``spider_job`` by whichever node is finishing crawls when it is due,
+and a rebuild of the indexes that VACUUM cannot shrink (``QueueMaintenance``).
 
 Every job is inserted, updated twice and deleted, so the table's space is only reused once VACUUM has run. Autovacuum
 looks at the table once per ``autovacuum_naptime`` (a server setting, one minute by default): a busy cluster churns
 tens of thousands of jobs between two passes, and the table and its indexes grow to hold them (measured: 11.8x the
 fresh size after a million jobs). The nodes that finish crawls make the dead rows, so they vacuum: at most once per
-``vacuum_interval`` seconds in the cluster, when the dead rows are at least ``MIN_DEAD_ROWS`` and a tenth of the
-live ones (a vacuum reads the whole table and every index: a big backlog is vacuumed less often).
+``vacuum_interval`` seconds in the cluster (one node's turn at a time: ``spider_job_maintenance``), when the dead
+rows are at least ``MIN_DEAD_ROWS`` and a tenth of the live ones (a vacuum reads the whole table and every index: a
+big backlog is vacuumed less often).
+
+VACUUM makes room in an index's pages but never merges them: a page is given back only once every entry on it is
+gone, and jobs leave the queue in priority order, not in the order of their ids and job ids, so the indexes on those
+thin out and grow (measured: the live job key at 15x its fresh size after 200,000 jobs, vacuumed every few
+seconds). After its vacuum, the node rebuilds (REINDEX CONCURRENTLY: reads and writes go on) each index larger than
+half the table: an index entry is a small part of its row, so a dense index of this table is a fifth to a third of
+it (measured on a fresh table). River's reindexer rebuilds its job table's indexes the same way, on a schedule.
 """
 
 from __future__ import annotations
@@ -23,34 +31,60 @@ from scrapyd_pgqueue import db
 log = logging.getLogger(__name__)
 
 MIN_DEAD_ROWS = 1000
+MIN_INDEX_BYTES = 1024 * 1024  # smaller indexes are not worth a rebuild
+REBUILD_ABOVE = 0.5  # of the table's size: a dense index of spider_job is a fifth to a third of it
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Whether spider_job is due a vacuum: enough dead rows (the statistics' count, a few seconds behind), none of ours
-# or autovacuum's within :interval seconds, and a role that may vacuum it (the owner's; VACUUM would only warn).
-VACUUM_DUE = text("""
-    SELECT s.n_dead_tup >= greatest(:min_dead, s.n_live_tup / 10)
-           AND coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity') < now() - make_interval(secs => :interval)
-           AND pg_has_role(c.relowner, 'USAGE')
+# Take the cluster's maintenance turn if spider_job is due a vacuum: enough dead rows (the statistics' count, a few
+# seconds behind), no turn ended and no autovacuum within :interval seconds, none running (one started an hour ago
+# without ending died with its node), and a role that may vacuum it (the owner's; VACUUM would only warn). The row
+# lock makes it one node's turn: another node's UPDATE waits, then finds the row changed and takes nothing.
+TAKE_TURN = text("""
+    UPDATE spider_job_maintenance AS m SET started = now()
     FROM pg_stat_user_tables AS s JOIN pg_class AS c ON c.oid = s.relid
     WHERE s.relid = 'spider_job'::regclass
+      AND s.n_dead_tup >= greatest(:min_dead, s.n_live_tup / 10)
+      AND greatest(m.ended, s.last_autovacuum) < now() - make_interval(secs => :interval)
+      AND (m.ended >= m.started OR m.started < now() - interval '1 hour')
+      AND pg_has_role(c.relowner, 'USAGE')
+    RETURNING true
 """)
 
-# SKIP_LOCKED: a node that finds another's vacuum running goes on instead of waiting for it. INDEX_CLEANUP ON: the
-# indexes are what grows (a small number of dead rows would otherwise let VACUUM leave them alone).
+# The turn is over.
+END_TURN = text("UPDATE spider_job_maintenance SET ended = clock_timestamp()")
+
+# SKIP_LOCKED: an autovacuum or a manual VACUUM running already is not waited for. INDEX_CLEANUP ON: the indexes
+# are what grows (a small number of dead rows would otherwise let VACUUM leave them alone).
 VACUUM_QUEUE = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) spider_job"
 
+
+# The indexes of spider_job to rebuild: valid ones larger than half the table (see above), as REINDEX statements
+# (the names from the catalog, quoted by regclass). An invalid index left by a rebuild that was interrupted (its
+# name ends in _ccnew or _ccold) is dropped instead: it costs every write and is never used.
+INDEXES_TO_REBUILD = text("""
+    SELECT CASE WHEN i.indisvalid THEN format('REINDEX INDEX CONCURRENTLY %s', i.indexrelid::regclass)
+                ELSE format('DROP INDEX CONCURRENTLY IF EXISTS %s', i.indexrelid::regclass) END
+    FROM pg_index AS i
+    WHERE i.indrelid = 'spider_job'::regclass
+      AND (NOT i.indisvalid AND i.indexrelid::regclass::text ~ '_cc(new|old)[0-9]*$'
+           OR i.indisvalid
+              AND pg_relation_size(i.indexrelid) > greatest(:min_bytes, :above * pg_relation_size(i.indrelid)))
+    ORDER BY i.indisvalid, pg_relation_size(i.indexrelid) DESC
+""")
 
 # --- operations ------------------------------------------------------------------------------------------------
 
 
 class QueueMaintenance:
-    """``vacuum_when_due()`` after each finish: a stats query at most once per interval in this process, a VACUUM
-    when the cluster's table is due one."""
+    """``vacuum_when_due()`` after each finish: one statement at most once per interval in this process, a VACUUM
+    and index rebuilds when the cluster's table is due them and this node took the turn."""
 
-    def __init__(self, engine: Engine, interval: float):
+    def __init__(self, engine: Engine, interval: float, rebuild_above: float = REBUILD_ABOVE,
+                 min_index_bytes: int = MIN_INDEX_BYTES):
         self.engine = engine
         self.interval = interval
+        self.rebuild_above, self.min_index_bytes = rebuild_above, min_index_bytes
         self.next_check = 0.0  # monotonic
         self.lock = threading.Lock()  # one check at a time in this process
         self.failures = db.ThrottledLog(log.warning)
@@ -61,24 +95,42 @@ class QueueMaintenance:
         return _maintenance(db.engine_for_settings(settings), settings.vacuum_interval)
 
     def vacuum_when_due(self) -> bool:
-        """VACUUM spider_job if it is due; say whether this call did. Never raises: the finish it follows is
-        recorded already, and autovacuum remains."""
+        """VACUUM spider_job if it is due, then rebuild its thinned indexes; say whether this call vacuumed. Never
+        raises: the finish it follows is recorded already, and autovacuum remains. Each statement has the node's
+        database_timeout; one abandoned there runs on in the server (an interrupted rebuild is cleaned up later)."""
         if self.interval <= 0 or time.monotonic() < self.next_check or not self.lock.acquire(blocking=False):
             return False
         try:
             self.next_check = time.monotonic() + self.interval
-            with db.operation(self.engine):
-                with db.autocommit(self.engine) as connection:
-                    due = connection.execute(VACUUM_DUE, {"min_dead": MIN_DEAD_ROWS, "interval": self.interval})
-                    if not due.scalar():
-                        return False
-                db.run_outside_transaction(self.engine, VACUUM_QUEUE)
+            params = {"min_dead": MIN_DEAD_ROWS, "interval": self.interval}
+            with db.operation(self.engine), db.autocommit(self.engine) as connection:
+                if connection.execute(TAKE_TURN, params).first() is None:
+                    return False
+            try:
+                with db.operation(self.engine):
+                    db.run_outside_transaction(self.engine, VACUUM_QUEUE)
+                self.rebuild_thinned_indexes()
+            finally:
+                with db.operation(self.engine), db.autocommit(self.engine) as connection:
+                    connection.execute(END_TURN)
             return True
         except db.DatabaseError as e:
-            self.failures.report(f"vacuum of spider_job failed (autovacuum remains): {e}", key="vacuum")
+            self.failures.report(f"maintenance of spider_job failed (autovacuum remains): {e}", key="maintenance")
             return False
         finally:
             self.lock.release()
+
+    def rebuild_thinned_indexes(self) -> int:
+        """Rebuild the indexes of spider_job that grew past ``rebuild_above`` of its size (and drop what an
+        interrupted rebuild left); return how many statements ran."""
+        params = {"min_bytes": self.min_index_bytes, "above": self.rebuild_above}
+        with db.operation(self.engine), db.autocommit(self.engine) as connection:
+            statements = connection.execute(INDEXES_TO_REBUILD, params).scalars().all()
+        for statement in statements:
+            with db.operation(self.engine):
+                db.run_outside_transaction(self.engine, statement)
+            log.info("spider_job maintenance: %s", statement)
+        return len(statements)
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""The claim as a server-side function: planned once per server connection, not on every call.
+"""The claim as a server-side function (small statements, cheap to plan), and the nodes' maintenance turn.
 
 Revision ID: 0006
 Revises: 0005
@@ -151,6 +151,17 @@ CLAIM_FUNCTION = """
 
 
 def upgrade() -> None:
+    # One row: when the nodes' maintenance of spider_job (store/maintenance.py) last started and ended. A node takes
+    # its turn by updating it, so one node at a time vacuums and rebuilds indexes (two rebuilds of one table at once
+    # deadlock), at most once per vacuum_interval in the cluster.
+    op.create_table(
+        "spider_job_maintenance",
+        sa.Column("id", sa.Boolean, primary_key=True, server_default=sa.text("true")),
+        sa.Column("started", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("'-infinity'")),
+        sa.Column("ended", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("'-infinity'")),
+        sa.CheckConstraint("id", name="spider_job_maintenance_one_row"),
+    )
+    op.execute("INSERT INTO spider_job_maintenance DEFAULT VALUES")
     op.create_index(
         "spider_job_delayed_project_idx",
         "spider_job",
@@ -165,3 +176,4 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION claim_spider_jobs(text[], integer, text, text, timestamp, text)")
     op.execute("DROP FUNCTION spider_job_next_due(text[])")
     op.drop_index("spider_job_delayed_project_idx", "spider_job")
+    op.drop_table("spider_job_maintenance")
