@@ -3,8 +3,9 @@
 No Twisted and no Scrapyd imports: the store is used by the Scrapyd adapters, the operator command and the
 benchmark alike. Every method runs in its own short transaction; none is held while a crawl runs.
 
-Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it; only
-``scrapyd_pgqueue.db`` knows the driver.
+Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it (the
+claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor); only ``scrapyd_pgqueue.db``
+knows the driver. The claim's steps are a function in the database (migration 0006).
 
 One module per concern:
 

@@ -12,9 +12,9 @@ big backlog is vacuumed less often).
 VACUUM makes room in an index's pages but never merges them: a page is given back only once every entry on it is
 gone, and jobs leave the queue in priority order, not in the order of their ids and job ids, so the indexes on those
 thin out and grow (measured: the live job key at 15x its fresh size after 200,000 jobs, vacuumed every few
-seconds). After its vacuum, the node rebuilds (REINDEX CONCURRENTLY: reads and writes go on) each index larger than
-half the table: an index entry is a small part of its row, so a dense index of this table is a fifth to a third of
-it (measured on a fresh table). River's reindexer rebuilds its job table's indexes the same way, on a schedule.
+seconds). After its vacuum, the node rebuilds (REINDEX CONCURRENTLY: reads and writes go on) each index that takes
+more than REBUILD_ABOVE times the room of its entries packed. River's reindexer rebuilds its job table's indexes the
+same way, on a schedule.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from scrapyd_pgqueue import db
 log = logging.getLogger(__name__)
 
 MIN_DEAD_ROWS = 1000
-MIN_INDEX_BYTES = 1024 * 1024  # smaller indexes are not worth a rebuild
-REBUILD_ABOVE = 0.5  # of the table's size: a dense index of spider_job is a fifth to a third of it
+MIN_INDEX_BYTES = 256 * 1024  # smaller indexes are not worth a rebuild
+REBUILD_ABOVE = 2.5  # times its entries packed: a btree under churn settles at 1.5-2x of that (measured)
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -59,18 +59,32 @@ END_TURN = text("UPDATE spider_job_maintenance SET ended = clock_timestamp()")
 VACUUM_QUEUE = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) spider_job"
 
 
-# The indexes of spider_job to rebuild: valid ones larger than half the table (see above), as REINDEX statements
-# (the names from the catalog, quoted by regclass). An invalid index left by a rebuild that was interrupted (its
-# name ends in _ccnew or _ccold) is dropped instead: it costs every write and is never used.
+# The indexes of spider_job to rebuild, as REINDEX statements (names from the catalog, quoted by regclass): the valid
+# ones more than :above times the size of their entries packed as a fresh build leaves them (entries as of the last
+# vacuum, pg_class.reltuples; each the width of its key columns by the statistics, pg_stats.avg_width, plus its
+# header, aligned, and its line pointer; leaf pages 90% full; a meta page and a root), and at least :min_bytes. An index whose size cannot be
+# estimated (no statistics yet) is left alone. An invalid index left by an interrupted rebuild (its name ends in
+# _ccnew or _ccold) is dropped first: it costs every write and is never used.
 INDEXES_TO_REBUILD = text("""
-    SELECT CASE WHEN i.indisvalid THEN format('REINDEX INDEX CONCURRENTLY %s', i.indexrelid::regclass)
-                ELSE format('DROP INDEX CONCURRENTLY IF EXISTS %s', i.indexrelid::regclass) END
-    FROM pg_index AS i
-    WHERE i.indrelid = 'spider_job'::regclass
-      AND (NOT i.indisvalid AND i.indexrelid::regclass::text ~ '_cc(new|old)[0-9]*$'
-           OR i.indisvalid
-              AND pg_relation_size(i.indexrelid) > greatest(:min_bytes, :above * pg_relation_size(i.indrelid)))
-    ORDER BY i.indisvalid, pg_relation_size(i.indexrelid) DESC
+    WITH indexes AS (
+        SELECT i.indexrelid, i.indisvalid, pg_relation_size(i.indexrelid) AS bytes,
+               nullif(greatest(ic.reltuples, -1), -1) AS entries,
+               (SELECT sum(s.avg_width) FROM pg_attribute AS a
+                JOIN pg_stats AS s ON s.schemaname = n.nspname AND s.tablename = t.relname AND s.attname = a.attname
+                WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)) AS key_width
+        FROM pg_index AS i
+        JOIN pg_class AS ic ON ic.oid = i.indexrelid
+        JOIN pg_class AS t ON t.oid = i.indrelid
+        JOIN pg_namespace AS n ON n.oid = t.relnamespace
+        WHERE i.indrelid = 'spider_job'::regclass
+    )
+    SELECT CASE WHEN indisvalid THEN format('REINDEX INDEX CONCURRENTLY %s', indexrelid::regclass)
+                ELSE format('DROP INDEX CONCURRENTLY IF EXISTS %s', indexrelid::regclass) END
+    FROM indexes
+    WHERE NOT indisvalid AND indexrelid::regclass::text ~ '_cc(new|old)[0-9]*$'
+       OR indisvalid
+          AND bytes > greatest(:min_bytes, :above * (16384 + entries * (ceil((8 + key_width) / 8.0) * 8 + 4) / 0.9))
+    ORDER BY indisvalid, bytes DESC
 """)
 
 # --- operations ------------------------------------------------------------------------------------------------
