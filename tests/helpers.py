@@ -45,6 +45,18 @@ def query(url, sql, params=()):
         return cursor.fetchall() if cursor.description else None
 
 
+def role_with_every_grant(admin_connection, database_url, role, attributes=""):
+    """A new login role (``attributes``: CONNECTION LIMIT ...) that may use every table and sequence of the test's
+    database but owns none; its URL. The schema must exist already."""
+    with admin_connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} LOGIN {attributes}")
+        cursor.execute(f"GRANT ALL ON DATABASE {make_url(database_url).database} TO {role}")
+        cursor.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    return make_url(database_url).set(username=role).render_as_string(hide_password=False)
+
+
 def database_with_secret_owner(server_url: str) -> tuple[str, str]:
     """A new database owned by a new role with a password: (the nodes' URL, a superuser URL to the same database)."""
     name = f"fault_{uuid.uuid4().hex[:10]}"

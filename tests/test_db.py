@@ -18,7 +18,7 @@ from sqlalchemy import make_url
 from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db, devdb, notifications
 from scrapyd_pgqueue.config import ConfigurationError
 from scrapyd_pgqueue.store import ClusterStore, JobStore
-from helpers import query, wait_for
+from helpers import query, role_with_every_grant, wait_for
 
 
 def connections_to(admin_connection):
@@ -149,16 +149,8 @@ def test_a_busy_pool_makes_work_wait_and_never_opens_more_than_its_size(database
 @pytest.fixture
 def role_with_one_connection(database_url, admin_connection):
     """The test database's URL as a role that may hold one connection at a time (superusers have no limit)."""
-    role = f"one_{uuid.uuid4().hex[:8]}"
-    with admin_connection.cursor() as cursor:
-        cursor.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")
-        cursor.execute(f"GRANT ALL ON DATABASE {make_url(database_url).database} TO {role}")
-        cursor.execute(f"GRANT ALL ON SCHEMA public TO {role}")
     db.get_engine(database_url)  # the schema, as its owner
-    with admin_connection.cursor() as cursor:
-        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
-        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
-    return make_url(database_url).set(username=role).render_as_string(hide_password=False)
+    return role_with_every_grant(admin_connection, database_url, f"one_{uuid.uuid4().hex[:8]}", "CONNECTION LIMIT 1")
 
 
 def test_a_refused_connection_is_waited_for_and_said_once_with_a_count(role_with_one_connection, caplog):

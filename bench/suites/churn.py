@@ -241,7 +241,7 @@ def _ratio_name(path: str, percentile: str, stage: str) -> str:
 
 
 def _targets(ratios: dict) -> list[dict]:
-    note = "autovacuum as configured, no manual VACUUM"
+    note = "autovacuum and the nodes' maintenance as configured, no manual VACUUM"
     latency = [
         report.target(f"claim p50 {path}, after churn / fresh", ratios[_ratio_name(path, "p50_ms", "after_churn")],
                       "<=", LATENCY_TARGET, note)
