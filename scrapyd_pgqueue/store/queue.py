@@ -67,11 +67,17 @@ NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 COUNT_PENDING = text("SELECT count(*) FROM spider_job WHERE status IN ('delayed', 'pending') AND project = :project")
 
 # The waiting messages of a project in run order, at most :limit (all when NULL): pending in claim order, then
-# delayed by due time.
+# delayed by due time. Each part reads its own index in order (spider_job_pending_project_idx,
+# spider_job_delayed_project_idx) up to :limit, so the first hundred of a big backlog cost what a small one does.
 LIST_PENDING = text("""
-    SELECT id, message FROM spider_job
-    WHERE status IN ('delayed', 'pending') AND project = :project
-    ORDER BY status = 'delayed', CASE WHEN status = 'delayed' THEN run_at END, priority DESC, id
+    SELECT id, message FROM (
+        (SELECT 0 AS part, id, message, priority, NULL::timestamptz AS run_at FROM spider_job
+         WHERE status = 'pending' AND project = :project ORDER BY priority DESC, id LIMIT :limit)
+        UNION ALL
+        (SELECT 1, id, message, priority, run_at FROM spider_job
+         WHERE status = 'delayed' AND project = :project ORDER BY run_at, id LIMIT :limit)
+    ) AS waiting
+    ORDER BY part, run_at, priority DESC, id
     LIMIT :limit
 """)
 
