@@ -97,7 +97,8 @@ def test_indexes_past_their_share_of_the_table_are_rebuilt_and_leftovers_of_a_br
     store = JobStore.for_url(database_url)
     store.enqueue_many("p", [({"name": "s", "_job": f"j{i}"}, float(i % 7)) for i in range(2000)])
     with admin_connection.cursor() as cursor:
-        cursor.execute("ANALYZE spider_job")  # the statistics the estimate of a packed index reads  # an interrupted REINDEX CONCURRENTLY leaves an invalid _ccnew index
+        cursor.execute("ANALYZE spider_job")  # the statistics the estimate of a packed index reads
+        # An interrupted REINDEX CONCURRENTLY leaves an invalid _ccnew index behind.
         with pytest.raises(Exception, match="could not create unique index"):
             cursor.execute("CREATE UNIQUE INDEX CONCURRENTLY spider_job_job_idx_ccnew ON spider_job (spider)")
     before = {name: (node, valid) for name, node, valid in query(database_url, INDEXES)}

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 MIN_DEAD_ROWS = 1000
 MIN_INDEX_BYTES = 256 * 1024  # smaller indexes are not worth a rebuild
-REBUILD_ABOVE = 2.5  # times its entries packed: a btree under churn settles at 1.5-2x of that (measured)
+REBUILD_ABOVE = 2.5  # times its entries packed (an estimate: a fresh table's indexes measure 1.1-1.8x of it)
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -60,9 +60,9 @@ VACUUM_QUEUE = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) spider_job"
 
 
 # The indexes of spider_job to rebuild, as REINDEX statements (names from the catalog, quoted by regclass): the valid
-# ones more than :above times the size of their entries packed as a fresh build leaves them (entries as of the last
-# vacuum, pg_class.reltuples; each the width of its key columns by the statistics, pg_stats.avg_width, plus its
-# header, aligned, and its line pointer; leaf pages 90% full; a meta page and a root), and at least :min_bytes. An index whose size cannot be
+# ones more than :above times the size of their entries packed (entries as of the last vacuum, pg_class.reltuples;
+# each the width of its key columns by the statistics, pg_stats.avg_width, plus its header, aligned, and its line
+# pointer; leaf pages 90% full; a meta page and a root), and at least :min_bytes. An index whose size cannot be
 # estimated (no statistics yet) is left alone. An invalid index left by an interrupted rebuild (its name ends in
 # _ccnew or _ccold) is dropped first: it costs every write and is never used.
 INDEXES_TO_REBUILD = text("""
