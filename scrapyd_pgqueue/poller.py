@@ -91,7 +91,8 @@ class PostgresPoller:
                                      key="claim")
             return None  # no immediate retry: a database that is away would be hammered
         self.claim_errors.clear("claim")
-        claim_again = claim_again or result.became_due > 0  # pending now, claimable by the next claim
+        # Jobs that became due were claimable by this same claim; when more were due than one claim promotes, the
+        # next due time is in the past and the timer claims again at once.
         self.claim_when_due(result.next_due_in)
         for claimed in result.jobs:
             metrics.CLAIMS.inc()

@@ -94,8 +94,8 @@ CLEAR_PENDING = text("DELETE FROM spider_job WHERE status IN ('delayed', 'pendin
 
 @dataclass(frozen=True)
 class Claim:
-    """A claim's jobs, how many delayed jobs it found due (pending now: claim again), and in how many seconds the
-    next delayed job is due (None: none waits)."""
+    """A claim's jobs, how many delayed jobs it found due (pending now, and claimable by the same claim), and in how
+    many seconds the next delayed job is due (None: none waits; 0 or less: more were due than one claim promotes)."""
 
     jobs: list[ClaimedJob]
     became_due: int
