@@ -1,7 +1,11 @@
 # One Scrapyd node of a scrapyd_pgqueue cluster, with the example project baked in.
 #
 #   docker build -t scrapyd-pgqueue .
-#   docker run -e SCRAPYD_DATABASE_URL=postgresql://user:password@host:5432/db -p 6800:6800 scrapyd-pgqueue
+#   docker run --env-file node.env -p 127.0.0.1:6800:6800 scrapyd-pgqueue
+#
+# node.env (secrets in a file, never on a command line): SCRAPYD_DATABASE_URL=postgresql://node-role:...@host/db,
+# SCRAPYD_USERNAME=... and SCRAPYD_PASSWORD=... The node listens on every interface of its container, so it refuses
+# to start without the username and password; its database role should be a node role (`scrapyd-pgqueue grant`).
 #
 # docker-compose.yml runs any number of these on one Postgres, behind one address.
 FROM python:3.11-slim
@@ -31,9 +35,12 @@ RUN useradd --create-home --home-dir /home/scrapyd --shell /usr/sbin/nologin scr
 USER scrapyd
 WORKDIR /home/scrapyd
 
+# Every interface of the container (Docker publishes the port); the node then insists on a username and password.
+ENV SCRAPYD_BIND_ADDRESS=0.0.0.0
 EXPOSE 6800
-# Healthy when the node answers and reaches the database (daemonstatus.json counts the queue).
-HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD python -c "import json, os, urllib.request; port = os.environ.get('SCRAPYD_HTTP_PORT') or '6800'; answer = json.load(urllib.request.urlopen(f'http://127.0.0.1:{port}/daemonstatus.json', timeout=4)); raise SystemExit(answer['status'] != 'ok')"
+# Liveness: the node's process serves requests (alive.json, answered without touching the database). Not readiness
+# (`scrapyd-pgqueue health --ready`: daemonstatus.json, ok only when the node reaches the database): an unhealthy
+# container gets restarted by orchestrators, and a database stall must not restart healthy nodes and kill their crawls.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 CMD scrapyd-pgqueue health
 # No pid file: a container restarted with a stale twistd.pid would refuse to start.
 CMD ["scrapyd", "--pidfile="]

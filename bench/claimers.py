@@ -7,7 +7,6 @@ imported at the top so that a spawned worker has paid its imports before it repo
 
 from __future__ import annotations
 
-import datetime
 import json
 import uuid
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from scrapyd.spiderqueue import SqliteSpiderQueue
 
 from bench import database
 from scrapyd_pgqueue import store
-from scrapyd_pgqueue.spiderqueue import PostgresSpiderQueue
+from scrapyd_pgqueue.components.spiderqueue import PostgresSpiderQueue
 from scrapyd_pgqueue.store import NOTIFY_CHANNEL, JobStore
 
 
@@ -77,7 +76,7 @@ def bare_claim_statement() -> str:
 class BareClaimStatement:
     """(d) The ceiling: the store's claim statement alone, psycopg2, autocommit off, one commit per claim.
 
-    The same parameters as (a): one project, limit 1, a node name and a worker id, ``now`` per claim.
+    The same parameters as (a): one project, limit 1, a node name and a worker id.
     """
 
     def __init__(self, run: ClaimRun, index: int):
@@ -89,7 +88,7 @@ class BareClaimStatement:
     def claim(self) -> bool:
         try:
             with self.connection.cursor() as cursor:
-                cursor.execute(self.statement, {**self.params, "now": datetime.datetime.now()})
+                cursor.execute(self.statement, self.params)
                 rows = cursor.fetchall()
             self.connection.commit()
         except Exception:

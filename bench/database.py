@@ -18,7 +18,8 @@ import psycopg2
 from psycopg2 import sql
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import db, devdb
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.local import devdb
 
 # The seed article's table, rebuilt as it published it (SQLAlchemy types Integer, Float, LargeBinary, String,
 # DateTime). SEED_TABLE gets one partial index on pending rows so that it reads the head of an index as ours does
@@ -133,7 +134,7 @@ def admin_connection(url: str) -> Iterator:
 def benchmark_database(url: str | None, log) -> Iterator[str]:
     """The URL to benchmark against: a throwaway server removed at the end, or ``url`` left as it was found."""
     if url is None:
-        log("starting a throwaway Postgres (scrapyd_pgqueue.devdb.throwaway_postgres)")
+        log("starting a throwaway Postgres (scrapyd_pgqueue.local.devdb.throwaway_postgres)")
         server = devdb.throwaway_postgres()
         try:
             yield server.url

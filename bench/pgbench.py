@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import make_url
 
 from bench import database
-from scrapyd_pgqueue import devdb
+from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.store import CLAIM_NEXT_JOBS, NOTIFY_CHANNEL
 
 # The seed's pop as SeedLockTable sends it (bench/claimers.py), as one pgbench transaction.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -31,6 +32,16 @@ def format_targets(targets: Sequence[dict]) -> str:
         for t in targets
     ]
     return format_rows(["target", "value", "goal", "verdict", "note"], rows)
+
+
+def format_ratios(result: dict, heading: str = "ratio", digits: int = 2) -> str:
+    """A suite's ratios, a row each."""
+    return format_rows([heading, "value"], [[name, number(value, digits)] for name, value in result["ratios"].items()])
+
+
+def table_text(result: dict, lines: Sequence[str]) -> str:
+    """A suite's table as text: its lines, then its targets and its notes."""
+    return "\n".join([*lines, format_targets(result["targets"]), *(f"note: {note}" for note in result["notes"])])
 
 
 def number(value, digits: int = 0) -> str:
@@ -79,6 +90,18 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def plotting(draw):
+    """A suite's ``plot(result, directory)`` from ``draw(plt, result, directory)``: it draws with pyplot, and
+    plots nothing (an empty list of files) when the ``bench`` extra is not installed."""
+
+    @functools.wraps(draw)
+    def plot(result: dict, directory: Path) -> list[Path]:
+        plt = pyplot()
+        return [] if plt is None else draw(plt, result, directory)
+
+    return plot
 
 
 def save_figure(plt, figure, path: Path) -> Path:

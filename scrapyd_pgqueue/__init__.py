@@ -9,11 +9,11 @@ import importlib
 __version__ = "0.1.0"
 
 _COMPONENTS = {
-    "PostgresSpiderQueue": "scrapyd_pgqueue.spiderqueue",
-    "PostgresJobStorage": "scrapyd_pgqueue.jobstorage",
-    "PostgresPoller": "scrapyd_pgqueue.poller",
-    "PostgresLauncher": "scrapyd_pgqueue.launcher",
-    "PostgresEggStorage": "scrapyd_pgqueue.eggstorage",
+    "PostgresSpiderQueue": "scrapyd_pgqueue.components.spiderqueue",
+    "PostgresJobStorage": "scrapyd_pgqueue.components.jobstorage",
+    "PostgresPoller": "scrapyd_pgqueue.components.poller",
+    "PostgresLauncher": "scrapyd_pgqueue.components.launcher",
+    "PostgresEggStorage": "scrapyd_pgqueue.components.eggstorage",
 }
 
 __all__ = list(_COMPONENTS)

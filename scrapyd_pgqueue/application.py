@@ -9,13 +9,18 @@ The crawl and ``scrapy list`` subprocesses read the configuration files again (`
 becomes ``scrapyd_pgqueue.runner``, which applies the same defaults there, so they find the eggs in the database.
 
 A node whose configuration mixes the shared queue with Scrapyd's per-node poller, launcher or services logs what
-will be wrong, and the line that fixes it (``warn_half_configuration``). Nothing here imports Twisted's reactor:
-the runner imports this module in the crawl process (trap 11).
+will be wrong, and the line that fixes it (``warn_half_configuration``); so does a one-line node whose ``runner``
+goes around the one line (``bypassed_defaults``). A node that would listen beyond loopback without a username and
+password refuses to start (``open_to_the_network``): whoever reaches it can deploy code to every node. Nothing here
+imports Twisted's reactor: the runner imports this module in the crawl process, where the reactor must stay
+uninstalled until Scrapy installs its asyncio one.
 """
 
 from __future__ import annotations
 
 import configparser
+import ipaddress
+import os
 import pkgutil
 import sys
 import types
@@ -45,6 +50,13 @@ SERVICES = {
     "pauseperiodic.json": "scrapyd_pgqueue.schedule_services.PausePeriodic",
     "resumeperiodic.json": "scrapyd_pgqueue.schedule_services.ResumePeriodic",
     "tree.json": "scrapyd_pgqueue.tree_services.Tree",
+    "alive.json": "scrapyd_pgqueue.webservice.Alive",
+    # Scrapyd's own, answering off the reactor: they read the eggs in the database.
+    "addversion.json": "scrapyd_pgqueue.egg_services.AddVersion",
+    "listversions.json": "scrapyd_pgqueue.egg_services.ListVersions",
+    "listspiders.json": "scrapyd_pgqueue.egg_services.ListSpiders",
+    "delproject.json": "scrapyd_pgqueue.egg_services.DeleteProject",
+    "delversion.json": "scrapyd_pgqueue.egg_services.DeleteVersion",
 }
 # What goes wrong when the shared queue runs with Scrapyd's own piece instead of ours.
 CONSEQUENCES = {
@@ -120,13 +132,68 @@ def warn_half_configuration(config) -> None:
         )
 
 
+def bypassed_defaults(config) -> list[str]:
+    """Options of a one-line configuration (before ``apply_defaults``) that go around the one line, with the fix.
+
+    The crawl and ``scrapy list`` subprocesses build their egg storage from the configuration files: only
+    ``scrapyd_pgqueue.runner`` applies the one line's defaults there. Another runner (one wrapping
+    ``scrapyd.runner``) finds the eggs only if ``eggstorage`` is in the file itself."""
+    defaults = scrapyd_defaults()
+    runner, eggstorage = config.get("runner", ""), config.get("eggstorage", "")
+    if runner in ("", COMPONENTS["runner"], defaults.get("scrapyd", "runner")):
+        return []
+    if eggstorage not in ("", defaults.get("scrapyd", "eggstorage")):
+        return []
+    return [
+        f"runner = {runner} does not apply the one line's defaults in the crawl and `scrapy list` processes: they "
+        "look for eggs in Scrapyd's per-node directory and every deployed project fails with 'no active project'. "
+        f"Fix: add the line 'eggstorage = {COMPONENTS['eggstorage']}' to the [scrapyd] section (or make the runner "
+        "call scrapyd_pgqueue.runner.main)"
+    ]
+
+
+def open_to_the_network(config) -> str | None:
+    """Why this node must not start, when it would listen beyond loopback with no username and password (the
+    address and credentials as Scrapyd reads them: the environment first)."""
+    address = os.environ.get("SCRAPYD_BIND_ADDRESS") or config.get("bind_address", "127.0.0.1")
+    username = os.environ.get("SCRAPYD_USERNAME") or config.get("username", "")
+    password = os.environ.get("SCRAPYD_PASSWORD") or config.get("password", "")
+    if (username and password) or not address or address == "localhost" or _is_loopback(address):
+        return None
+    return (
+        f"this node would listen on {address} with no username and password: anyone who reaches it can deploy an "
+        "egg, which is code that runs on every node of the cluster with its database role. Set SCRAPYD_USERNAME "
+        "and SCRAPYD_PASSWORD (or username and password in [scrapyd]), or bind_address = 127.0.0.1"
+    )
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, possibly beyond this host
+
+
 def application(config):
     """Scrapyd's ``application``: the cluster's components, services and pages, then Scrapyd's own build."""
     from scrapyd.app import application as scrapyd_application
+    from twisted.logger import Logger
 
+    from scrapyd_pgqueue import config as pgconfig, db, roles
+    from scrapyd_pgqueue.request_limits import bound_request_bodies
+
+    refusal = open_to_the_network(config)
+    if refusal:
+        raise pgconfig.ConfigurationError(refusal)
+    for problem in bypassed_defaults(config):
+        Logger(namespace="scrapyd_pgqueue").warn("This one-line node is misconfigured: {problem}.", problem=problem)
     apply_defaults(config)
     warn_half_configuration(config)
-    return scrapyd_application(config)
+    settings = pgconfig.settings(config)
+    roles.warn_if_privileged(db.engine_for_settings(settings))
+    app = scrapyd_application(config)
+    bound_request_bodies(app, settings)
+    return app
 
 
 class _CallableModule(types.ModuleType):

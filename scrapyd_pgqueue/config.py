@@ -17,6 +17,10 @@ LISTEN_URL_OPTION = "listen_url"
 LISTEN_URL_VARIABLE = "SCRAPYD_LISTEN_URL"
 LEASE_LOST_ACTIONS = ("keep", "stop")
 NODE_NAME_VARIABLE = "SCRAPYD_NODE_NAME"
+# Set by the node for each crawl: the path of the egg to run, or empty when the project has none.
+EGG_FILE_VARIABLE = "SCRAPYD_PGQUEUE_EGG"
+# Jobs a crawl tree may ever have, unless tree_max_jobs says otherwise.
+DEFAULT_TREE_MAX_JOBS = 100_000
 
 # Identifies this Scrapyd process: its row in scrapyd_node and the owner (lease holder) of the jobs it claims.
 WORKER_ID = uuid.uuid4().hex
@@ -31,6 +35,10 @@ class Settings:
     database_url: str = field(repr=False)  # holds the password: never in a log line
     node_name: str
     finished_to_keep: int = 100
+    # Dead jobs (out of retries) kept beside them, newest first; None: every one, until requeued or pruned by hand.
+    dead_to_keep: int | None = None
+    # Jobs a crawl tree may ever have (its root included): a child past it is refused; 0: no cap.
+    tree_max_jobs: int = DEFAULT_TREE_MAX_JOBS
     # Seconds without a heartbeat after which a node's ongoing jobs are recovered by any live node.
     lease_seconds: float = 30.0
     heartbeat_interval: float = 5.0
@@ -44,7 +52,7 @@ class Settings:
     listjobs_pending_limit: int = 1000
     # Bytes of a finished job's log (its tail) stored in the database for every node to serve; 0: none.
     log_max_bytes: int = 1024 * 1024
-    # Connections of the node's pool (no overflow): with the one listener, the node's whole budget.
+    # Connections of the node's pool (no overflow): with the lease's own and the one listener, the node's budget.
     database_pool_size: int = 2
     # Seconds any operation (a web request included) waits for the database before it is an error.
     database_timeout: float = 30.0
@@ -61,6 +69,9 @@ class Settings:
     past_due_seconds: float = 60.0
     # Seconds between two VACUUMs of spider_job by the nodes that finish crawls (store/maintenance.py); 0: off.
     vacuum_interval: float = 5.0
+    # Bytes of a request's body, checked before it is read (request_limits.py); addversion.json's: max_egg_bytes.
+    max_request_bytes: int = 8 * 1024 * 1024
+    max_egg_bytes: int = 100 * 1024 * 1024
 
     @property
     def stop_deadline(self) -> float:
@@ -111,6 +122,8 @@ def settings(config=None) -> Settings:
         database_url=database_url(config),
         node_name=node_name(config),
         finished_to_keep=number("finished_to_keep", 100, int),
+        dead_to_keep=number("dead_to_keep", None, int),
+        tree_max_jobs=number("tree_max_jobs", DEFAULT_TREE_MAX_JOBS, int),
         lease_seconds=number("lease_seconds", 30.0),
         heartbeat_interval=number("heartbeat_interval", 5.0),
         max_attempts=number("max_attempts", 3, int),
@@ -126,9 +139,17 @@ def settings(config=None) -> Settings:
         default_retries=number("default_retries", 0, int),
         past_due_seconds=number("past_due_seconds", 60.0),
         vacuum_interval=number("vacuum_interval", 5.0),
+        max_request_bytes=number("max_request_bytes", 8 * 1024 * 1024, int),
+        max_egg_bytes=number("max_egg_bytes", 100 * 1024 * 1024, int),
     )
+    for option in ("dead_to_keep", "tree_max_jobs"):
+        if (getattr(result, option) or 0) < 0:
+            raise ConfigurationError(f"'{option}' may not be negative")
     if result.database_pool_size < 1:
         raise ConfigurationError("'database_pool_size' must be at least 1")
+    for option in ("max_request_bytes", "max_egg_bytes"):
+        if getattr(result, option) < 1:
+            raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:
         raise ConfigurationError(
             f"on_lease_lost = stop needs lease_seconds ({result.lease_seconds:g}) > two heartbeat intervals "

@@ -46,6 +46,8 @@ PROJECT_VARIABLE = "SCRAPY_PROJECT"
 VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
 # The node's default_retries, for follow-ups that give no retries (as schedule.json applies it).
 DEFAULT_RETRIES_VARIABLE = "SCRAPYD_PGQUEUE_DEFAULT_RETRIES"
+# The node's tree_max_jobs: the cap on the crawl's tree, as schedule.json applies it.
+TREE_MAX_JOBS_VARIABLE = "SCRAPYD_PGQUEUE_TREE_MAX_JOBS"
 # FollowUpPipeline's batch: follow-ups stored per statement (the setting FOLLOW_UP_BATCH_SIZE changes it).
 BATCH_SIZE = 500
 # Connections a crawl holds: one, opened at its first schedule.
@@ -59,6 +61,7 @@ def crawl_environment(job: str, settings) -> dict[str, str]:
         JOB_VARIABLE: job,
         DATABASE_URL_VARIABLE: settings.database_url,
         DEFAULT_RETRIES_VARIABLE: str(settings.default_retries),
+        TREE_MAX_JOBS_VARIABLE: str(settings.tree_max_jobs),
     }
 
 
@@ -110,22 +113,21 @@ def schedule(
     version: str | None = None,
     jobid: str | None = None,
     parent: str | None = None,
-    project: str | None = None,
 ) -> str:
-    """Schedule one child job of the running crawl now; return its job id (for a tree key scheduled before, the
-    job that has it). ``parent`` and ``project`` default to the running crawl's (``NotInACrawlError`` when there
-    is none); ``ValueError`` says what is wrong with a job that cannot be scheduled."""
+    """Schedule one child job of the running crawl now, in the crawl's own project; return its job id (for a tree
+    key scheduled before, the job that has it). ``parent`` defaults to the running crawl (``NotInACrawlError`` when
+    there is none); ``ValueError`` says what is wrong with a job that cannot be scheduled."""
     follow_up = FollowUp(
         spider, args, settings, priority, unique_key, unique_scope, on_conflict, run_at, delay, retries,
         retry_delay, version, jobid,
     )
-    return schedule_many([follow_up], parent=parent, project=project)[0]
+    return schedule_many([follow_up], parent=parent)[0]
 
 
-def schedule_many(follow_ups: Iterable[FollowUp], *, parent: str | None = None, project: str | None = None) -> list[str]:
+def schedule_many(follow_ups: Iterable[FollowUp], *, parent: str | None = None) -> list[str]:
     """Schedule many child jobs of the running crawl in one statement, all or none, in their order; return their
     job ids. A unique key may appear once in a call."""
-    return _scheduler(parent, project).schedule(list(follow_ups))
+    return _scheduler(parent).schedule(list(follow_ups))
 
 
 # --- the pipeline ------------------------------------------------------------------------------------------------
@@ -138,9 +140,12 @@ class FollowUpPipeline:
     Batches are stored off the reactor thread, and a full buffer holds the next follow-up until its batch is stored,
     so memory stays bounded. A tree key this crawl scheduled already (or twice in a batch) costs no row. The spider's
     close waits for the last batch, so the children are stored before the crawl ends: its tree cannot be done
-    without them. A batch the database refused for a while (it was away) stays buffered and goes with the next
-    one; one still unstored when the spider closes is logged as an error, with its count in the stats
-    (``followup/unscheduled``). The parent is the spider's ``_job`` argument (Scrapyd's), else ``SCRAPY_JOB``.
+    without them. A follow-up the database refuses (its job id already live, its ``on_conflict="error"`` key held)
+    loses only itself: logged as an error with the reason, counted in ``followup/refused`` (as are follow-ups
+    refused at once), its key not taken as scheduled; the rest of its batch is stored. A batch the database could
+    not take for a while (it was away) stays buffered and goes with the next one; one still unstored when the
+    spider closes is logged as an error, with its count in the stats (``followup/unscheduled``). The parent is the
+    spider's ``_job`` argument (Scrapyd's), else ``SCRAPY_JOB``.
     """
 
     def __init__(self, crawler=None):
@@ -150,6 +155,8 @@ class FollowUpPipeline:
         # Checked jobs in arrival order, by tree key (a batch holds a key once), ("waiting", key) or a number.
         self.buffer: dict[Any, tuple] = {}
         self.sent_keys: set[str] = set()  # tree keys this crawl has scheduled already
+        self.keys_on_their_way: set[str] = set()  # tree keys of the batches being stored
+        self.standby: dict[str, tuple] = {}  # a key found again while on its way: stored if the first is refused
         self.scheduler: _Scheduler | None = None
         self.scheduled = 0
         self.added = 0
@@ -175,15 +182,18 @@ class FollowUpPipeline:
     async def process_item(self, item, spider=None):
         if not isinstance(item, FollowUp):
             return item
-        if self.known_spiders is not None and item.version is None and item.spider not in self.known_spiders:
-            raise ValueError(f"FollowUp of spider {item.spider!r}: no such spider in this project")
         key = _tree_key(item)
-        if key is not None and (key in self.sent_keys or key in self.buffer):
+        if key is not None and (key in self.sent_keys or key in self.buffer or key in self.standby):
             self._count("followup/known")  # scheduled once in the tree: the database would answer "existing"
             raise _dropped()
-        if self.scheduler is None:
-            self.scheduler = _scheduler(self._parent_job(spider), None)
-        job = self.scheduler.job(item)  # ValueError: what is wrong with this one
+        try:
+            job = self._checked_job(item, spider)
+        except ValueError:
+            self._count("followup/refused")
+            raise  # Scrapy logs the reason as this item's error
+        if key in self.keys_on_their_way:
+            self.standby[key] = job
+            raise _dropped()
         if key is None and item.unique_key is not None:
             key = ("waiting", item.unique_key)
             if key in self.buffer:
@@ -197,7 +207,8 @@ class FollowUpPipeline:
         raise _dropped()
 
     async def close_spider(self, spider=None):
-        await self._flush(last=True)
+        while self.buffer:  # a follow-up on standby may take a refused one's place
+            await self._flush(last=True)
         if self.scheduled:
             log.info("Scheduled %d follow-up jobs as children of job %s", self.scheduled, self._parent_job(spider))
 
@@ -206,27 +217,54 @@ class FollowUpPipeline:
             return
         from twisted.internet import threads
 
-        from scrapyd_pgqueue.db import DatabaseError
-
         batch, self.buffer = self.buffer, {}
         keys = {key for key in batch if isinstance(key, str)}
-        self.sent_keys |= keys  # on their way: the same key found meanwhile is not sent again
+        self.keys_on_their_way |= keys  # the same key found meanwhile waits on standby
         try:
-            enqueued = await _awaitable(threads.deferToThread(self.scheduler.enqueue, list(batch.values())))
-        except DatabaseError as e:
-            if last:
-                self._count("followup/unscheduled", len(batch))
-                log.error("Could not schedule %d follow-up jobs: %s", len(batch), e)
-                return
-            self.sent_keys -= keys
-            self.buffer = {**batch, **self.buffer}  # with the next batch
+            outcomes, error = await _awaitable(threads.deferToThread(self.scheduler.enqueue_each, list(batch.values())))
+        finally:
+            self.keys_on_their_way -= keys
+        unstored = self._settle(batch, outcomes)
+        if unstored and last:
+            self._count("followup/unscheduled", len(unstored))
+            log.error("Could not schedule %d follow-up jobs: %s", len(unstored), error)
+        elif unstored:
+            self.buffer = {**unstored, **self.buffer}  # with the next batch
             log.warning("Could not schedule %d follow-up jobs yet, trying again with the next batch: %s",
-                        len(batch), e)
-            return
-        new = sum(not job.existing for job in enqueued)
+                        len(unstored), error)
+        for key in keys & self.standby.keys():
+            job = self.standby.pop(key)
+            if key in self.sent_keys:
+                self._count("followup/known")
+            else:
+                self.buffer.setdefault(key, job)  # in the place of the one that was not stored
+
+    def _settle(self, batch: dict[Any, tuple], outcomes: list) -> dict[Any, tuple]:
+        """Count and log how a batch went: stored, known, refused (each alone); return the jobs not stored."""
+        unstored, stored = {}, []
+        for (key, job), outcome in zip(batch.items(), outcomes):
+            if outcome is None:
+                unstored[key] = job
+            elif isinstance(outcome, ValueError):
+                self._count("followup/refused")
+                log.error("Follow-up job %s of spider %s refused: %s", job[0].get("_job"), job[0].get("name"), outcome)
+            else:
+                stored.append(outcome)
+                if isinstance(key, str):
+                    self.sent_keys.add(key)
+        new = sum(not job.existing for job in stored)
         self.scheduled += new
         self._count("followup/scheduled", new)
-        self._count("followup/known", len(enqueued) - new)
+        self._count("followup/known", len(stored) - new)
+        return unstored
+
+    def _checked_job(self, item: FollowUp, spider=None) -> tuple:
+        """The job of a follow-up; ValueError says what is wrong with it."""
+        if self.known_spiders is not None and item.version is None and item.spider not in self.known_spiders:
+            raise ValueError(f"FollowUp of spider {item.spider!r}: no such spider in this project")
+        if self.scheduler is None:
+            self.scheduler = _scheduler(self._parent_job(spider))
+        return self.scheduler.job(item)
 
     def _parent_job(self, spider=None) -> str | None:
         spider = spider or getattr(self.crawler, "spider", None)
@@ -269,13 +307,15 @@ class _Scheduler:
 
     def __init__(self, url: str, parent: str, project: str):
         from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.config import DEFAULT_TREE_MAX_JOBS
         from scrapyd_pgqueue.store import JobStore
 
         engine = db.get_engine(
             url, pool_size=POOL_SIZE, migrate_schema=False,  # the nodes migrated it: no Alembic start-up here
             application_name=db.application_name(f"{os.environ.get('SCRAPYD_NODE_NAME', '')} crawl {parent}"),
         )
-        self.store = JobStore(engine)
+        cap = os.environ.get(TREE_MAX_JOBS_VARIABLE)
+        self.store = JobStore(engine, tree_max_jobs=int(cap) if cap else DEFAULT_TREE_MAX_JOBS)
         self.parent = parent
         self.project = project
         self.default_retries = int(os.environ.get(DEFAULT_RETRIES_VARIABLE) or 0)
@@ -310,6 +350,29 @@ class _Scheduler:
         except (DuplicateJobError, InvalidJobError) as e:
             raise ValueError(str(e)) from None
 
+    def enqueue_each(self, jobs: list[tuple]) -> tuple[list, Exception | None]:
+        """Store checked jobs in their order, in one statement unless the database refuses some: then in halves,
+        down to each refused job alone, so that a refused job loses only itself. Each job's outcome (``Enqueued``, the
+        ValueError that refused it, or None: not stored because the database went away), and that DatabaseError.
+        """
+        from scrapyd_pgqueue.db import DatabaseError
+
+        outcomes: list = [None] * len(jobs)
+        spans = [(0, len(jobs))]  # still to store, in order
+        while spans:
+            start, end = spans.pop(0)
+            try:
+                outcomes[start:end] = self.enqueue(jobs[start:end])
+            except ValueError as e:
+                if end - start == 1:
+                    outcomes[start] = e
+                else:
+                    middle = (start + end) // 2
+                    spans[:0] = [(start, middle), (middle, end)]
+            except DatabaseError as e:
+                return outcomes, e
+        return outcomes, None
+
     def _job_object(self, follow_up: FollowUp) -> dict[str, Any]:
         job: dict[str, Any] = {
             "spider": follow_up.spider,
@@ -335,9 +398,10 @@ _schedulers: dict[tuple[str, str], _Scheduler] = {}
 _lock = threading.Lock()
 
 
-def _scheduler(parent: str | None, project: str | None) -> _Scheduler:
+def _scheduler(parent: str | None) -> _Scheduler:
+    """The crawl's scheduler: always its own project (SCRAPY_PROJECT), as its tree is."""
     parent = parent or os.environ.get(JOB_VARIABLE)
-    project = project or os.environ.get(PROJECT_VARIABLE)
+    project = os.environ.get(PROJECT_VARIABLE)
     url = os.environ.get(DATABASE_URL_VARIABLE) or os.environ.get(NODE_DATABASE_URL_VARIABLE)
     missing = [what for what, value in (("parent job (SCRAPY_JOB)", parent), ("project (SCRAPY_PROJECT)", project),
                                         (f"database ({DATABASE_URL_VARIABLE})", url)) if not value]

@@ -4,39 +4,51 @@ Scrapyd creates queue and storage objects often (per project, on every deploy, i
 engines are shared per process and URL, and the schema is migrated once per engine.
 
 A node's budget of server connections is fixed: a pool of ``database_pool_size`` (default 2, no overflow) for
-every statement of the process, and one listener (``notifications.py``). Nothing here relies on session state
-across transactions, so ``database_url`` may point at PgBouncer in transaction pooling mode: timeouts ride on
-each statement (``SET LOCAL`` in the same query string), the migration lock is a transaction-level advisory
-lock, and psycopg2 prepares nothing on the server.
+every statement of the process's work, one for its lease thread (``lease_engine_for_settings``), and one listener
+(``node/notifications.py``). Nothing here relies on session state across transactions, so ``database_url`` may point
+at PgBouncer in transaction pooling mode: timeouts ride on each statement (``SET LOCAL`` in the same query
+string), the migration lock is a transaction-level advisory lock, and psycopg2 prepares nothing on the server.
 
-Every wait is bounded on the client side too. A server that is stopped (SIGSTOP, a VM pause) or a path that
-went silent still ACKs or drops packets without an error, and neither TCP keepalives nor ``statement_timeout``
-fire while a statement waits for an answer. So psycopg2 runs in its non-blocking ("green") mode with a wait
-callback that gives up at the calling thread's deadline (``deadline()``), closing the connection.
+Every wait is bounded on the client side too, and a server that refuses for now is waited for: see ``waits.py``,
+whose names this module offers as its own (``db.deadline``, ``db.when_served``...).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import logging
 import os
-import random
 import select
 import threading
 import time
 from importlib.resources import files
 
 import psycopg2
-import psycopg2.extensions
 from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.pool import QueuePool
+
+from scrapyd_pgqueue.waits import (  # noqa: F401 - offered here too: the connector's callers know one module
+    BUSY_SERVER_MESSAGES,
+    CONNECT_TIMEOUT,
+    DatabaseTimeout,
+    busy_server_log,
+    connect_when_served,
+    count_statement,
+    deadline,
+    describe,
+    first_line,
+    reads_only,
+    remaining_time,
+    when_served,
+)
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
 STATEMENT_TIMEOUT_MS = 15_000  # no queue statement legitimately runs longer
 DEFAULT_POOL_SIZE = 2  # connections of a node's pool (database_pool_size)
 DEFAULT_TIMEOUT = 30.0  # seconds an operation may wait for the database (database_timeout)
@@ -49,16 +61,6 @@ VERSION_TABLE = "scrapyd_pgqueue_version"
 # (so PgBouncer's transaction pooling keeps them), and an autocommit statement stays one implicit transaction.
 STATEMENT_PREFIX = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; SET LOCAL lock_timeout = {STATEMENT_TIMEOUT_MS}; "
 TRANSACTION_CONTROL = {"BEGIN", "COMMIT", "ROLLBACK"}  # sent as they are (see transaction())
-# What a server (or PgBouncer) says when it has no connection to spare, or cannot serve one yet: worth waiting for.
-BUSY_SERVER_MESSAGES = (
-    "too many clients",
-    "too many connections",  # for a role's or a database's CONNECTION LIMIT
-    "remaining connection slots are reserved",
-    "no more connections allowed",  # PgBouncer: max_client_conn
-    "the database system is starting up",
-    "the database system is shutting down",
-    "pgbouncer cannot connect to server",
-)
 # TCP settings of every connection: a dead peer is noticed within seconds when idle (keepalives), and data sent
 # but never acknowledged (a cut path) fails the connection after tcp_user_timeout milliseconds.
 TCP_SETTINGS = {
@@ -69,62 +71,19 @@ TCP_SETTINGS = {
     "tcp_user_timeout": 10_000,
 }
 
-_engines: dict[tuple[int, str], Engine] = {}
-_migrated: set[tuple[int, str]] = set()  # engines whose schema this process has brought to the newest version
+_engines: dict[tuple[int, str, str], Engine] = {}
+_migrated: set[tuple[int, str, str]] = set()  # engines whose schema this process has brought to the newest version
 _engines_lock = threading.Lock()
 _timeouts: dict[Engine, float] = {}  # each engine's time allowed for one operation
-_deadlines = threading.local()
 
 
 class DatabaseError(RuntimeError):
     """The database could not do what was asked; the message never holds the password."""
 
 
-class DatabaseTimeout(psycopg2.OperationalError):
-    """The database did not answer before the caller's deadline; the connection was closed."""
+# --- operations ----------------------------------------------------------------------------------------------
 
 
-# --- bounded waits -------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Bound every database wait of this thread inside the block to ``seconds`` from now (nested: the earliest)."""
-    outer = getattr(_deadlines, "at", None)
-    at = time.monotonic() + seconds
-    _deadlines.at = at if outer is None else min(outer, at)
-    try:
-        yield
-    finally:
-        _deadlines.at = outer
-
-
-def remaining_time() -> float | None:
-    """Seconds left before this thread's deadline, None without one."""
-    at = getattr(_deadlines, "at", None)
-    return None if at is None else at - time.monotonic()
-
-
-def _wait_for_socket(connection) -> None:
-    """psycopg2's wait callback: poll the non-blocking connection until done, or give up at the deadline."""
-    while True:
-        state = connection.poll()
-        if state == psycopg2.extensions.POLL_OK:
-            return
-        left = remaining_time()
-        if left is not None and left <= 0:
-            # psycopg2 closes a connection whose wait failed: a statement still on its way is abandoned with it.
-            raise DatabaseTimeout("no answer in the time allowed")
-        fileno = connection.fileno()
-        if state == psycopg2.extensions.POLL_READ:
-            select.select([fileno], [], [], left)
-        elif state == psycopg2.extensions.POLL_WRITE:
-            select.select([], [fileno], [], left)
-        else:
-            raise psycopg2.OperationalError(f"unexpected state from the connection: {state}")
-
-
-psycopg2.extensions.set_wait_callback(_wait_for_socket)
 
 
 @contextlib.contextmanager
@@ -145,6 +104,15 @@ def engine_for_settings(settings) -> Engine:
     )
 
 
+def lease_engine_for_settings(settings) -> Engine:
+    """The engine of a node's lease thread: one connection of its own, which the node's work (pages, web services,
+    finishes, maintenance) never holds, so a busy pool cannot make the node miss its heartbeat."""
+    return get_engine(
+        settings.database_url, pool_size=1, timeout=settings.database_timeout, migrate_schema=False,
+        application_name=application_name(settings.node_name, "-lease"), purpose="lease",
+    )
+
+
 def application_name(node_name: str, role: str = "") -> str:
     """How a node's connections show in pg_stat_activity (Postgres keeps 63 bytes)."""
     return f"scrapyd-pgqueue{role} {node_name}"[:63]
@@ -161,6 +129,16 @@ def learn_clock_offset(database_clock: float, sent: float, received: float) -> N
     global _clock_offset
     if received - sent < ANSWER_MARGIN / 4:
         _clock_offset = database_clock - (sent + received) / 2
+
+
+def clock_offset() -> float:
+    """Seconds the database's clock is ahead of this process's, as last learnt (0 before the first heartbeat)."""
+    return _clock_offset
+
+
+def database_now() -> datetime.datetime:
+    """The database's clock now (aware), as this process knows it from its heartbeats."""
+    return datetime.datetime.fromtimestamp(time.time() + _clock_offset, datetime.timezone.utc)
 
 
 def answer_by() -> float:
@@ -204,6 +182,7 @@ def _on_pooled_cursor(engine: Engine, statement: str, params: dict | None, fetch
         raise DBAPIError.instance(None, None, e, psycopg2.Error) from e
     try:
         with connection.cursor() as cursor:
+            count_statement(writes=True)  # the claim, VACUUM
             cursor.execute(statement, params)
             return cursor.fetchall() if fetch else None
     except psycopg2.Error as e:
@@ -238,12 +217,6 @@ def normalise_url(url: str) -> URL:
     return parsed
 
 
-def describe(url: str | URL) -> str:
-    """Where the database is, for messages: host, port and name, no password."""
-    parsed = make_url(url) if isinstance(url, str) else url
-    return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
-
-
 def get_engine(
     url: str,
     *,
@@ -251,14 +224,16 @@ def get_engine(
     timeout: float = DEFAULT_TIMEOUT,
     migrate_schema: bool = True,
     application_name: str = "scrapyd-pgqueue",
+    purpose: str = "",
 ) -> Engine:
-    """The process's engine for ``url``, created (and the schema migrated) on first use.
+    """The process's engine for ``url`` (and ``purpose``: a pool of its own), created (and the schema migrated) on
+    first use.
 
     The first call in a process sets the pool's size and the operations' timeout. ``migrate_schema=False`` only
     reads a schema someone else migrated (the migration check costs about 0.4 s of Alembic start-up); a later
     call without it still migrates the same engine once.
     """
-    key = (os.getpid(), url)
+    key = (os.getpid(), url, purpose)
     engine = _engines.get(key)
     if engine is not None and (key in _migrated or not migrate_schema):
         return engine
@@ -275,6 +250,7 @@ def get_engine(
 def _create_engine(url: str, pool_size: int, timeout: float, application_name: str) -> Engine:
     engine = create_engine(
         normalise_url(url),
+        poolclass=DeadlinePool,
         pool_size=pool_size,
         max_overflow=0,  # the budget is fixed: busy means wait (pool_timeout), never one more connection
         isolation_level="AUTOCOMMIT",  # see autocommit() and transaction()
@@ -288,9 +264,26 @@ def _create_engine(url: str, pool_size: int, timeout: float, application_name: s
     return engine
 
 
+class DeadlinePool(QueuePool):
+    """A wait for a free connection ends at the calling thread's deadline too (``deadline``), not only after
+    ``pool_timeout``: an operation given a second (daemonstatus.json's) must not wait a whole database_timeout
+    behind connections held by operations stuck on a stalled database. (QueuePool reads ``_timeout`` per wait.)"""
+
+    @property
+    def _timeout(self) -> float:
+        left = remaining_time()
+        return self._pool_timeout if left is None else max(0.0, min(self._pool_timeout, left))
+
+    @_timeout.setter
+    def _timeout(self, seconds: float) -> None:
+        self._pool_timeout = seconds
+
+
 def _send_timeouts_with_every_statement(engine: Engine) -> None:
     @event.listens_for(engine, "before_cursor_execute", retval=True)
     def with_timeouts(connection, cursor, statement, parameters, context, executemany):
+        if statement != "ROLLBACK":  # undoes, never does: a call that sent nothing else did nothing
+            count_statement(writes=statement not in TRANSACTION_CONTROL and not reads_only(statement))
         if statement in TRANSACTION_CONTROL:
             return statement, parameters
         return STATEMENT_PREFIX + statement, parameters
@@ -312,29 +305,6 @@ def _connect_patiently(engine: Engine) -> None:
     @event.listens_for(engine, "do_connect")
     def connect(dialect, record, cargs, cparams):
         return connect_when_served(lambda: dialect.dbapi.connect(*cargs, **cparams), engine.url)
-
-
-def connect_when_served(connect, url: URL | str):
-    """``connect()``, retried with a growing, jittered pause while the server says it is full or starting up, until
-    this thread's deadline. Logged once a minute with a count, not once per attempt."""
-    pause = 0.05
-    while True:
-        try:
-            with deadline(CONNECT_TIMEOUT):
-                return connect()
-        except psycopg2.OperationalError as e:
-            reason = first_line(e)
-            left = remaining_time()
-            if not any(busy in reason for busy in BUSY_SERVER_MESSAGES) or left is None or left < pause:
-                raise
-            busy_server_log.report(f"database at {describe(url)} refused a connection, waiting: {reason}")
-            time.sleep(pause * random.uniform(0.5, 1.0))
-            pause = min(pause * 2, 2.0)
-
-
-def first_line(error: BaseException) -> str:
-    message = str(error).strip()
-    return message.splitlines()[0] if message else type(error).__name__
 
 
 class translate_errors:
@@ -361,38 +331,6 @@ class translate_errors:
         return False
 
 
-class ThrottledLog:
-    """Says a recurring problem once, then at most once per ``every`` seconds with how often it recurred."""
-
-    def __init__(self, emit, every: float = 60.0):
-        self.emit = emit
-        self.every = every
-        self.lock = threading.Lock()
-        self.last_said: dict[str, float] = {}
-        self.unsaid: dict[str, int] = {}
-
-    def report(self, message: str, key: str | None = None) -> None:
-        key = message if key is None else key
-        now = time.monotonic()
-        with self.lock:
-            said = self.last_said.get(key)
-            if said is not None and now - said < self.every:
-                self.unsaid[key] = self.unsaid.get(key, 0) + 1
-                return
-            repeats = self.unsaid.pop(key, 0)
-            self.last_said[key] = now
-        if repeats:
-            message += f" ({repeats} more times in the last {now - said:.0f} s)"
-        self.emit(message)
-
-    def clear(self, key: str) -> None:
-        """The problem is over: say it again at once if it comes back."""
-        with self.lock:
-            self.last_said.pop(key, None)
-            self.unsaid.pop(key, None)
-
-
-busy_server_log = ThrottledLog(log.warning)
 
 
 # --- schema --------------------------------------------------------------------------------------------------

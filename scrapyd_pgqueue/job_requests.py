@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,10 @@ JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTIO
 # Retries and delays beyond these are mistakes, not plans (2 ** 30 backoffs overflow any interval).
 MAX_RETRIES = 30
 MAX_DELAY_SECONDS = 10 * 365 * 86400
+# Beyond 2 ** 53 a double (the priority column) no longer tells consecutive integers apart: p + 1 would run as p.
+MAX_PRIORITY = 2**53
+# run_at as Unix seconds: 1970-01-01 to 9999-12-31 (Python's last year; the API answers due times as ISO 8601).
+RUN_AT_RANGE = (0, 253402300799)
 
 
 class RefusedJob(ValueError):
@@ -93,8 +98,7 @@ def check_fields(fields: dict[str, list[str]]) -> None:
             number = float(priority)
         except ValueError:
             continue  # Scrapyd's own check answers "priority is invalid: ..."
-        if not math.isfinite(number):
-            raise RefusedJob(f"priority must be a finite number, not {_shown(priority)}")
+        check_priority(number, priority)
 
     # What the crawl's command line will carry: -s NAME=VALUE for each setting, -a NAME=VALUE for each argument.
     pairs = []
@@ -138,6 +142,22 @@ class JobRequest:
     options: JobOptions = field(default_factory=JobOptions)
 
 
+def check_priority(priority: Any, given: str | None = None) -> float:
+    """A priority (or the number a form's ``given`` text reads as) as a float: finite, not a boolean, of magnitude
+    at most MAX_PRIORITY (else RefusedJob)."""
+    shown = _shown(str(priority) if given is None else given)
+    if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not _finite(priority):
+        raise RefusedJob(f"priority must be a finite number, not {shown}")
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise RefusedJob(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, not {shown}")
+    return float(priority)
+
+
+def _finite(number: int | float) -> bool:
+    """Finite as a float: JSON's integers have any size, and a float cannot hold them all."""
+    return abs(number) <= sys.float_info.max if isinstance(number, int) else math.isfinite(number)
+
+
 def options_from_fields(fields: dict[str, str], default_retries: int = 0) -> JobOptions:
     """The scheduling fields of schedule.json (``_run_at``, ``_delay``, ...; RefusedJob when invalid)."""
     return _options({key: fields[name] for name, key in OPTION_FIELDS.items() if name in fields}, default_retries)
@@ -163,7 +183,7 @@ def _options(given: dict[str, Any], default_retries: int) -> JobOptions:
     for what, seconds in (("delay", delay), ("retry_delay", retry_delay)):
         if seconds is not None and not 0 <= seconds <= MAX_DELAY_SECONDS:
             raise RefusedJob(f"{what} must be between 0 and {MAX_DELAY_SECONDS} seconds, not {seconds}")
-    run_at = None if given.get("run_at") is None else parse_run_at(given["run_at"])
+    run_at = None if given.get("run_at") is None else _run_at(given["run_at"])
     return JobOptions(
         run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0), **_tree_options(given)
     )
@@ -175,8 +195,9 @@ def _tree_options(given: dict[str, Any]) -> dict[str, Any]:
     scope = given.get("unique_scope", UNIQUE_SCOPES[0])
     if scope not in UNIQUE_SCOPES:
         raise RefusedJob(f"unique_scope must be one of {', '.join(UNIQUE_SCOPES)}, not {_shown(str(scope))}")
-    if scope == "tree" and (parent is None or given.get("unique_key") is None):
-        raise RefusedJob("unique_scope tree needs a unique_key and a parent (the tree is the parent's)")
+    if scope == "tree" and given.get("unique_key") is None:
+        raise RefusedJob("unique_scope tree needs a unique_key (the key of this job in its tree: its parent's, or "
+                         "the tree a root starts)")
     on_complete = None if given.get("on_complete") is None else _text("on_complete", given["on_complete"])
     if on_complete is not None and parent is not None:
         raise RefusedJob("on_complete belongs on a root (a job without a parent): its tree is its parent's")
@@ -210,6 +231,13 @@ def parse_run_at(value: Any) -> float:
     return _number("run_at", value)
 
 
+def _run_at(value: Any) -> float:
+    seconds = parse_run_at(value)
+    if not RUN_AT_RANGE[0] <= seconds <= RUN_AT_RANGE[1]:
+        raise RefusedJob(f"run_at must be between 1970-01-01 and 9999-12-31, not {_shown(str(value))}")
+    return seconds
+
+
 def _number(what: str, value: Any, integer: bool = False) -> float:
     """A finite number from a form's string or a JSON number (an integer where ``integer``)."""
     if isinstance(value, bool):
@@ -219,7 +247,7 @@ def _number(what: str, value: Any, integer: bool = False) -> float:
             value = int(value) if integer else float(value)
         except ValueError:
             raise RefusedJob(f"{what} must be {'an integer' if integer else 'a number'}, not {_shown(value)}") from None
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or (integer and value != int(value)):
+    if not isinstance(value, (int, float)) or not _finite(value) or (integer and value != int(value)):
         raise RefusedJob(f"{what} must be {'an integer' if integer else 'a finite number'}, not {_shown(str(value))}")
     return int(value) if integer else float(value)
 
@@ -235,9 +263,7 @@ def job_from_json(job: Any, default_retries: int = 0) -> JobRequest:
     spider = _text("spider", job.get("spider"))
     version = None if job.get("version") is None else _text("version", job["version"])
     jobid = uuid.uuid1().hex if job.get("jobid") is None else _text("jobid", job["jobid"])
-    priority = job.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not math.isfinite(priority):
-        raise RefusedJob(f"priority must be a finite number, not {_shown(str(priority))}")
+    priority = check_priority(job.get("priority", 0))
     args = _strings("args", job.get("args", {}))
     settings = _strings("settings", job.get("settings", {}))
     fields = {"spider": [spider], "jobid": [jobid], "setting": [f"{name}={value}" for name, value in settings.items()]}
@@ -252,7 +278,7 @@ def job_from_json(job: Any, default_retries: int = 0) -> JobRequest:
     message = {**args, "name": spider, "_job": jobid, "settings": settings}
     if version is not None:
         message["_version"] = version
-    return JobRequest(spider, version, float(priority), message, options)
+    return JobRequest(spider, version, priority, message, options)
 
 
 def _text(what: str, value: Any) -> str:
@@ -269,9 +295,21 @@ def _strings(what: str, values: Any) -> dict[str, str]:
     for name, value in values.items():
         if isinstance(value, bool):
             value = str(value).lower()
-        elif isinstance(value, (int, float)) and math.isfinite(value):
+        elif isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
             value = str(value)
         elif not isinstance(value, str):
             raise RefusedJob(f"{what} {_shown(name)} must be a string or a number")
         strings[name] = value
     return strings
+
+
+def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC", priority=0.0, args=None,
+                 settings=None, overlap="skip"):
+    """A PeriodicJob checked by schedule.json's rules for what reaches the crawl (RefusedJob or
+    InvalidScheduleError say why not)."""
+    from scrapyd_pgqueue.store import PeriodicJob, Timing, check_timing
+
+    timing = check_timing(Timing(cron=cron, timezone=timezone, every_seconds=every))
+    job_from_json({"spider": spider, "args": args or {}, "settings": settings or {}})  # RefusedJob: what is wrong
+    return PeriodicJob(name, project, spider, timing, check_priority(priority), dict(args or {}),
+                       dict(settings or {}), overlap)

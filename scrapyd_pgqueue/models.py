@@ -63,10 +63,11 @@ class SpiderJob(Base):
     # cancel.json calls on the running job (each one signal, as in Scrapyd) and the signal of the latest (0002).
     cancel_requests: Mapped[int] = mapped_column(server_default=text("0"))
     cancel_signal: Mapped[str | None] = mapped_column(Text)
-    # Naive local times with microseconds, as Scrapyd uses.
-    created_time: Mapped[datetime.datetime] = mapped_column(DateTime)
-    start_time: Mapped[datetime.datetime | None] = mapped_column(DateTime)
-    end_time: Mapped[datetime.datetime | None] = mapped_column(DateTime)
+    # The database's clock (0007: timestamptz), whatever the nodes' clocks and zones; shown as Scrapyd does (naive
+    # local time) by store.base.local_time.
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True))
+    start_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+    end_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
     # Scheduling (0004): when the job is (or was) due (database clock), its unique key among waiting jobs, retries
     # allowed after failures and the backoff's base, failures so far, and the periodic job that fired it.
     run_at: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))

@@ -12,14 +12,13 @@ import os
 import uuid
 from pathlib import Path
 
-import psycopg2
 from psycopg2 import sql
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import devdb
-from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT, LocalCluster
-from helpers import SECRET, accepting, chromium, database_with_secret_owner
+from scrapyd_pgqueue.local import devdb
+from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
+from helpers import SECRET, accepting, chromium, connect, database_with_secret_owner
 
 
 @pytest.fixture(scope="session")
@@ -36,22 +35,12 @@ def postgres_server():
         server.remove()
 
 
-def _admin(url):
-    parsed = make_url(url)
-    connection = psycopg2.connect(
-        host=parsed.host, port=parsed.port or 5432, user=parsed.username, password=parsed.password,
-        dbname=parsed.database or "postgres",
-    )
-    connection.autocommit = True
-    return connection
-
-
 @pytest.fixture
 def database_url(postgres_server):
     """A URL to a new, empty database of its own for this test."""
     server_url, _ = postgres_server
     name = f"test_{uuid.uuid4().hex[:12]}"
-    with contextlib.closing(_admin(server_url)) as admin, admin.cursor() as cursor:
+    with contextlib.closing(connect(server_url)) as admin, admin.cursor() as cursor:
         cursor.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     # Databases are left for the server's removal: engines of this process may still hold connections.
@@ -98,7 +87,7 @@ def scrapyd_config(database_url):
 @pytest.fixture
 def admin_connection(database_url):
     """A plain psycopg2 connection to the test's database, for looking at rows and server state."""
-    connection = _admin(database_url)
+    connection = connect(database_url)
     yield connection
     connection.close()
 
@@ -141,10 +130,10 @@ def start_cluster(tmp_path):
     """Start LocalClusters whose crawls record their runs; every node and crawl is gone after the test."""
     clusters = []
 
-    def start(url, nodes, name_prefix="node", base_config=None, node_config=None, **config):
+    def start(url, nodes, name_prefix="node", base_config=None, node_config=None, env=None, **config):
         cluster = LocalCluster(
             url, nodes, directory=tmp_path / f"cluster{len(clusters)}", config={**FAST, **config},
-            env={"EXAMPLE_RECORD_DIR": str(tmp_path / "records")}, name_prefix=name_prefix,
+            env={"EXAMPLE_RECORD_DIR": str(tmp_path / "records"), **(env or {})}, name_prefix=name_prefix,
             base_config=base_config, node_config=node_config,
         )
         clusters.append(cluster)

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
 import time
 import uuid
 
@@ -11,6 +17,14 @@ import psycopg2
 from sqlalchemy import make_url
 
 SECRET = "fault-s3cret-pw"  # the nodes' database password in fault tests: no log line may show it
+
+
+def skewed_clock(offset: str) -> dict[str, str]:
+    """The environment of a process whose clock is ``offset`` ("-2h", "+1d") off, through Debian's libfaketime (its
+    monotonic clock left true, so that timeouts keep their length). Never skipped: without the library it fails."""
+    libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+    assert libraries, "libfaketime is missing: apt-get install faketime (.ci/run installs it)"
+    return {"LD_PRELOAD": libraries[0], "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def wait_for(condition, timeout: float, what: str, interval: float = 0.1):
@@ -45,15 +59,48 @@ def query(url, sql, params=()):
         return cursor.fetchall() if cursor.description else None
 
 
-def role_with_every_grant(admin_connection, database_url, role, attributes=""):
-    """A new login role (``attributes``: CONNECTION LIMIT ...) that may use every table and sequence of the test's
-    database but owns none; its URL. The schema must exist already."""
+def claim_until_empty(url, worker, start_at, results, largest_batch):
+    """A claimer process: from ``start_at`` on, claim batches of 1 to ``largest_batch`` jobs (sizes drawn from a
+    generator seeded by ``worker``) until none is left; put its (job, attempt) pairs on ``results``."""
+    from scrapyd_pgqueue.store import JobStore
+
+    store = JobStore.for_url(url)
+    chooser = random.Random(worker)
+    time.sleep(max(0.0, start_at - time.time()))  # start all together
+    claimed = []
+    while batch := store.claim_next_jobs(None, chooser.randint(1, largest_batch), node=f"node-{worker}",
+                                         worker=f"w{worker}"):
+        claimed.extend((job.job, job.attempt) for job in batch)
+    results.put(claimed)
+
+
+def claim_in_processes(url, claimers: int, start_method: str, largest_batch: int = 1):
+    """``claimers`` OS processes claiming together until the queue is empty: each one's (job, attempt) pairs, and
+    the seconds they took."""
+    context = multiprocessing.get_context(start_method)
+    results = context.Queue()
+    start_at = time.time() + 3
+    processes = [
+        context.Process(target=claim_until_empty, args=(url, worker, start_at, results, largest_batch))
+        for worker in range(claimers)
+    ]
+    for process in processes:
+        process.start()
+    per_worker = [results.get(timeout=300) for _ in processes]
+    elapsed = time.time() - start_at
+    for process in processes:
+        process.join(30)
+    return per_worker, elapsed
+
+
+def node_role(admin_connection, database_url, role, attributes=""):
+    """A new login role (``attributes``: CONNECTION LIMIT ...) with the node role's rights (``scrapyd-pgqueue
+    grant``) on the test's database, whose schema is created as its owner first; its URL."""
+    from scrapyd_pgqueue import db, roles
+
     with admin_connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE {role} LOGIN {attributes}")
-        cursor.execute(f"GRANT ALL ON DATABASE {make_url(database_url).database} TO {role}")
-        cursor.execute(f"GRANT ALL ON SCHEMA public TO {role}")
-        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
-        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    assert roles.grant_node_role(db.get_engine(database_url), role) == []
     return make_url(database_url).set(username=role).render_as_string(hide_password=False)
 
 
@@ -119,6 +166,16 @@ def timed(node, method, endpoint, timeout: float = 30, **params):
     started = time.monotonic()
     answer = getattr(node, method)(endpoint, timeout=timeout, **params)
     return time.monotonic() - started, answer
+
+
+def health(node, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``scrapyd-pgqueue health ARGS`` on the node's host, as a Docker or Kubernetes probe runs it there: in the
+    node's directory and home (its configuration files), with its port from the environment, plus ``env``."""
+    command = os.path.join(os.path.dirname(sys.executable), "scrapyd-pgqueue")
+    environment = {key: os.environ[key] for key in ("PATH", "LANG") if key in os.environ}
+    environment.update({"HOME": str(node.directory), "SCRAPYD_HTTP_PORT": str(node.port), **env})
+    return subprocess.run([command, "health", *args], cwd=node.directory, env=environment, capture_output=True,
+                          text=True, timeout=60)
 
 
 # --- browser ----------------------------------------------------------------------------------------------------

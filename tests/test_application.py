@@ -1,12 +1,18 @@
 """One line, ``application = scrapyd_pgqueue.application``, makes a node; explicit options still win; the crawl
-subprocesses get the same configuration; half a configuration says what is wrong and which line fixes it."""
+subprocesses get the same configuration; half a configuration, or a runner that goes around the one line, says what
+is wrong and which line fixes it; a node open beyond loopback without a password refuses to start."""
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+
+import pytest
 from scrapyd.config import Config
 from scrapyd.utils import initialize_component
 
 from scrapyd_pgqueue import application
+from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.runner import ClusterConfig
 from helpers import jobs, runs_of, wait_for
 
@@ -36,7 +42,9 @@ def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path
     assert services["cancel.json"] == "my.Cancel"
     assert services["status.json"] == "scrapyd_pgqueue.webservice.Status"
     assert services["schedule_batch.json"] == "scrapyd_pgqueue.webservice.ScheduleBatch"
-    assert services["addversion.json"] == "scrapyd.webservice.AddVersion"  # Scrapyd's own where ours adds nothing
+    assert services["listprojects.json"] == "scrapyd.webservice.ListProjects"  # Scrapyd's own where ours adds nothing
+    assert services["addversion.json"] == "scrapyd_pgqueue.egg_services.AddVersion"  # Scrapyd's, off the reactor
+    assert services["alive.json"] == "scrapyd_pgqueue.webservice.Alive"
     assert application.half_configuration(config) == []  # classes of the user's own are not Scrapyd's per-node ones
 
 
@@ -73,3 +81,39 @@ def test_a_half_configured_node_warns_at_start_up_with_the_fixing_line(database_
                    "the warning")
     assert application.ONE_LINE in log
     assert "poller = scrapyd.poller.QueuePoller" in log and "[services] status.json" in log
+
+
+def test_a_custom_runner_that_goes_around_the_one_line_is_named_with_the_fixing_line(tmp_path, monkeypatch):
+    wrapped = config_from(ONE_LINE_NODE + "runner = mycompany.runner\n", tmp_path, monkeypatch)
+    [problem] = application.bypassed_defaults(wrapped)
+    assert "runner = mycompany.runner" in problem and "no active project" in problem
+    assert "'eggstorage = scrapyd_pgqueue.PostgresEggStorage'" in problem
+    # The eggstorage line in the file: the runner's subprocesses read it, nothing to say.
+    fixed = config_from(ONE_LINE_NODE + "runner = mycompany.runner\neggstorage = scrapyd_pgqueue.PostgresEggStorage\n",
+                        tmp_path, monkeypatch)
+    assert application.bypassed_defaults(fixed) == []
+    assert application.bypassed_defaults(config_from(ONE_LINE_NODE, tmp_path, monkeypatch)) == []
+
+
+def test_a_one_line_node_with_a_wrapping_runner_warns_at_start_up(database_url, start_cluster):
+    (node,) = start_cluster(database_url, 1, base_config=ONE_LINE_NODE + "runner = mycompany.runner\n").nodes
+    log = wait_for(lambda: (text := node.logfile.read_text()) and "misconfigured" in text and text, 30, "the warning")
+    assert "runner = mycompany.runner" in log and "eggstorage = scrapyd_pgqueue.PostgresEggStorage" in log
+
+
+def test_a_node_refuses_to_listen_beyond_loopback_without_a_password(database_url, tmp_path):
+    everywhere = {"SCRAPYD_BIND_ADDRESS": "0.0.0.0"}
+    with pytest.raises(RuntimeError, match="exited at start-up") as refused:
+        LocalCluster(database_url, 1, directory=tmp_path / "open", env=everywhere).start()
+    assert "would listen on 0.0.0.0 with no username and password" in str(refused.value)
+    assert "SCRAPYD_USERNAME and SCRAPYD_PASSWORD" in str(refused.value)
+
+    credentials = {"SCRAPYD_USERNAME": "operator", "SCRAPYD_PASSWORD": "api-s3cret"}
+    with LocalCluster(database_url, 1, directory=tmp_path / "closed", env={**everywhere, **credentials}) as cluster:
+        (node,) = cluster.nodes  # its client sends the credentials
+        assert node.get("daemonstatus.json")["status"] == "ok"
+        with pytest.raises(urllib.error.HTTPError) as anonymous:
+            urllib.request.urlopen(f"{node.url}daemonstatus.json", timeout=30)
+        assert anonymous.value.code == 401
+    assert application.open_to_the_network(Config(values={"bind_address": "::1"})) is None
+    assert application.open_to_the_network(Config(values={"bind_address": "localhost"})) is None

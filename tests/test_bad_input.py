@@ -13,20 +13,21 @@ import json
 import re
 import time
 import urllib.parse
+import urllib.request
 import uuid
 
-import psycopg2
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 from scrapyd.config import Config
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue import PostgresSpiderQueue
-from scrapyd_pgqueue.cluster import LocalCluster
+from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
-from helpers import wait_for
+from helpers import connect, wait_for
 
 SQL_METACHARACTERS = ["'", '"', "';--", "'; DROP TABLE spider_job; --", "%", "_", "\\", "$1", "::text", "/*", "*/"]
 # A message that starts with an exception's class name is not Scrapyd's style for a refused request.
@@ -36,19 +37,9 @@ CLASS_NAME_PREFIX = re.compile(r"^[A-Z]\w*(Error|Exception): ")
 # --- a node that claims nothing ---------------------------------------------------------------------------------
 
 
-def _admin(url):
-    parsed = make_url(url)
-    connection = psycopg2.connect(
-        host=parsed.host, port=parsed.port or 5432, user=parsed.username, password=parsed.password,
-        dbname=parsed.database or "postgres",
-    )
-    connection.autocommit = True
-    return connection
-
-
 def table(url) -> dict[int, tuple]:
     """Every row of spider_job by id, all columns."""
-    with contextlib.closing(_admin(url)) as connection, connection.cursor() as cursor:
+    with contextlib.closing(connect(url)) as connection, connection.cursor() as cursor:
         cursor.execute("SELECT * FROM spider_job ORDER BY id")
         return {row[0]: row for row in cursor.fetchall()}
 
@@ -57,7 +48,7 @@ def table(url) -> dict[int, tuple]:
 def queue_database(postgres_server):
     server_url, _ = postgres_server
     name = f"bad_input_{uuid.uuid4().hex[:10]}"
-    with contextlib.closing(_admin(server_url)) as admin, admin.cursor() as cursor:
+    with contextlib.closing(connect(server_url)) as admin, admin.cursor() as cursor:
         cursor.execute(f"CREATE DATABASE {name}")
     return make_url(server_url).set(database=name).render_as_string(hide_password=False)
 
@@ -231,7 +222,7 @@ def test_a_batch_with_one_bad_job_stores_nothing_and_names_the_job(case, node, q
 ])
 def test_a_bad_batch_is_refused_whole(body, expected, node, queued, queue_database):
     before = table(queue_database)
-    response = requests.post(f"{node.url}schedule_batch.json", timeout=30,
+    response = requests.post(f"{node.url}schedule_batch.json", timeout=30, headers={"Content-Type": "application/json"},
                              data=body if isinstance(body, bytes) else json.dumps(body))
     refused(response, expected)
     assert unchanged(queue_database, before) == {}
@@ -302,6 +293,103 @@ def test_metacharacter_job_ids_find_nothing_and_cancel_nothing(node, queued, que
     assert unchanged(queue_database, before) == {}
 
 
+# --- numbers out of range ---------------------------------------------------------------------------------------
+
+BEYOND_BIGINT, BELOW_BIGINT = str(2**63), str(-(2**63) - 1)
+SIGNAL_REFUSED = "signal must be a signal's name (INT, TERM, KILL, ...) or number"
+LISTJOBS, SCHEDULE, PERIODIC = "listjobs.json", "schedule.json", "addperiodic.json"
+OUT_OF_RANGE = {
+    "pending_limit over the maximum": (LISTJOBS, [("pending_limit", "10001")], "pending_limit may be at most 10000"),
+    "pending_limit past bigint": (LISTJOBS, [("pending_limit", BEYOND_BIGINT)], "pending_limit may be at most"),
+    "pending_offset past bigint": (LISTJOBS, [("pending_offset", BEYOND_BIGINT)], "pending_offset may be at most"),
+    "pending_offset 1e400": (LISTJOBS, [("pending_offset", "1e400")], "pending_offset is invalid"),
+    "pending_offset below bigint": (LISTJOBS, [("pending_offset", BELOW_BIGINT)], "may not be negative"),
+    "priority past bigint": (SCHEDULE, BASE + [("priority", BEYOND_BIGINT)], "priority must be between"),
+    "priority below bigint": (SCHEDULE, BASE + [("priority", BELOW_BIGINT)], "priority must be between"),
+    "priority 1e400": (SCHEDULE, BASE + [("priority", "1e400")], "priority must be a finite number"),
+    "_run_at in year 33658": (SCHEDULE, BASE + [("_run_at", "1e15")], "run_at must be between 1970-01-01"),
+    "_run_at before 1970": (SCHEDULE, BASE + [("_run_at", BELOW_BIGINT)], "run_at must be between 1970-01-01"),
+    "_delay 1e400": (SCHEDULE, BASE + [("_delay", "1e400")], "delay must be a finite number"),
+    "_retries past bigint": (SCHEDULE, BASE + [("_retries", BEYOND_BIGINT)], "retries must be between 0 and 30"),
+    "_retry_delay past bigint": (SCHEDULE, BASE + [("_retry_delay", BEYOND_BIGINT)], "retry_delay must be"),
+    "periodic priority past bigint": (PERIODIC, BASE + [("name", "big"), ("every", "60"), ("priority", BEYOND_BIGINT)],
+                                      "priority must be between"),
+    "periodic every 1e300": (PERIODIC, BASE + [("name", "long"), ("every", "1e300")], "every must be at most"),
+    "tree failures past bigint": ("tree.json", BASE + [("job", "pending-1"), ("failures", BEYOND_BIGINT)],
+                                  "failures must be between 0 and 1000"),
+    "cancel signal past bigint": ("cancel.json", [("project", "example"), ("job", "running-1"),
+                                                  ("signal", BEYOND_BIGINT)], SIGNAL_REFUSED),
+    "cancel signal 65": ("cancel.json", [("project", "example"), ("job", "running-1"), ("signal", "65")],
+                         SIGNAL_REFUSED),
+    "cancel signal superscript two": ("cancel.json", [("project", "example"), ("job", "running-1"), ("signal", "²")],
+                                      SIGNAL_REFUSED),
+}
+
+
+def database_errors(node) -> float:
+    """scrapyd_pgqueue_database_errors_total of the node's /metrics, over every operation."""
+    with urllib.request.urlopen(f"{node.url}metrics", timeout=30) as response:
+        families = text_string_to_metric_families(response.read().decode())
+    return sum(sample.value for family in families for sample in family.samples
+               if sample.name == "scrapyd_pgqueue_database_errors_total")
+
+
+@pytest.mark.parametrize("case", list(OUT_OF_RANGE))
+def test_numbers_out_of_range_are_bad_input_not_a_database_outage(case, node, queued, queue_database):
+    endpoint, fields, expected = OUT_OF_RANGE[case]
+    before, errors = table(queue_database), database_errors(node)
+    refused(get(node, endpoint, *fields) if endpoint in (LISTJOBS, "tree.json") else post(node, endpoint, *fields),
+            expected)
+    assert unchanged(queue_database, before) == {}
+    assert database_errors(node) == errors
+
+
+@pytest.mark.parametrize("job, expected", [
+    ({"spider": "sleeper", "priority": 2**63}, "priority must be between"),
+    ({"spider": "sleeper", "priority": -(2**63) - 1}, "priority must be between"),
+    ({"spider": "sleeper", "priority": 10**400}, "priority must be a finite number"),
+    ({"spider": "sleeper", "run_at": 10**400}, "run_at must be a finite number"),
+    ({"spider": "sleeper", "run_at": 1e300}, "run_at must be between 1970-01-01"),
+    ({"spider": "sleeper", "delay": 10**400}, "delay must be a finite number"),
+    ({"spider": "sleeper", "retries": 2**63}, "retries must be between 0 and 30"),
+])
+def test_a_batch_refuses_numbers_out_of_range(job, expected, node, queued, queue_database):
+    before, errors = table(queue_database), database_errors(node)
+    refused(post_batch(node, {"project": "example", "jobs": [GOOD_JOB, job]}), f"job 1: {expected}")
+    assert unchanged(queue_database, before) == {}
+    assert database_errors(node) == errors
+
+
+def test_the_jobs_page_answers_an_offset_past_bigint_without_a_database_error(node, queued):
+    errors = database_errors(node)
+    response = requests.get(f"{node.url}jobs", params={"pending_offset": BEYOND_BIGINT}, timeout=30)
+    assert response.status_code == 200 and "<h1>Jobs</h1>" in response.text
+    assert database_errors(node) == errors
+
+
+def test_a_batch_sent_as_anything_but_json_is_refused(node, queued, queue_database):
+    # A form on any web page can post this body as text/plain, with the browser's saved credentials for the node.
+    before = table(queue_database)
+    body = json.dumps({"project": "example", "jobs": [dict(GOOD_JOB, jobid="cross-site")]})
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        response = requests.post(f"{node.url}schedule_batch.json", data=body, headers=headers, timeout=30)
+        refused(response, "Content-Type: application/json")
+    assert unchanged(queue_database, before) == {}
+    accepted = requests.post(f"{node.url}schedule_batch.json", data=body, timeout=30,
+                             headers={"Content-Type": "application/json; charset=utf-8"})
+    assert answer(accepted)["jobids"] == ["cross-site"]
+
+
+@pytest.mark.parametrize("signal", ["0", "99", "-9", "9.0", "BOGUS", "SIG", "", " TERM", "\u00b2", "9" * 5000])
+def test_cancel_refuses_what_is_not_a_signal_and_changes_nothing(signal, node, queued, queue_database):
+    before = table(queue_database)
+    for job in ("running-1", "pending-1"):
+        refused(post(node, "cancel.json", ("project", "example"), ("job", job), ("signal", signal)),
+                SIGNAL_REFUSED)
+    assert unchanged(queue_database, before) == {}
+
+
 # --- fuzzing over HTTP ------------------------------------------------------------------------------------------
 
 raw_text = st.one_of(
@@ -341,7 +429,7 @@ def test_fuzzed_schedule_requests_get_a_json_answer_and_never_disturb_the_queue(
         return
     [row] = added.values()  # exactly one new row, holding what was sent
     jobid = data["jobid"]
-    with contextlib.closing(_admin(queue_database)) as connection, connection.cursor() as cursor:
+    with contextlib.closing(connect(queue_database)) as connection, connection.cursor() as cursor:
         cursor.execute("SELECT status, project, spider, job, message FROM spider_job WHERE id = %s", (row[0],))
         status, project, spider, job, message = cursor.fetchone()
     first = {}
@@ -422,7 +510,7 @@ def test_jobs_that_cannot_be_spawned_end_failed_with_the_reason_and_the_slot_liv
     queue.add("sleeper", _job="a/path")
     queue.add("sleeper", _job="fine")
     cluster = LocalCluster(database_url, 1, directory=tmp_path, config={"max_proc": "1", "poll_interval": "1"})
-    with cluster, contextlib.closing(_admin(database_url)) as connection, connection.cursor() as cursor:
+    with cluster, contextlib.closing(connect(database_url)) as connection, connection.cursor() as cursor:
         deadline = time.monotonic() + 60
         while True:
             cursor.execute("SELECT job, status, outcome, reason FROM spider_job ORDER BY id")

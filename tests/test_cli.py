@@ -14,17 +14,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import make_url
 
 from scrapyd_pgqueue.models import FAILED, FINISHED, LOST
 from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobStore
+from helpers import skewed_clock
 
 COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
 
 
-def run(database_url, *args, expect=0):
-    """Run the console script with the database URL from the environment, as an operator's shell would pass it."""
-    env = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
-    env["SCRAPYD_DATABASE_URL"] = database_url
+def run(database_url, *args, expect=0, env=None):
+    """Run the console script with the database URL from the environment (none: empty), as an operator's shell would
+    pass it."""
+    env = {**{key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}, **(env or {})}
+    if database_url:
+        env["SCRAPYD_DATABASE_URL"] = database_url
     result = subprocess.run([COMMAND, *args], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result
@@ -187,10 +191,37 @@ def test_prune_deletes_old_finished_jobs(database_url, store, admin_connection):
     assert "not a duration" in run(database_url, "prune", "--older-than", "soon", expect=2).stderr
 
 
+def test_prune_older_than_counts_on_the_databases_clock_not_the_operators(database_url, store):
+    for i in range(2):
+        store.enqueue("shop", {"name": "prices", "_job": f"j{i}"})
+    for claimed, minutes_ago in zip(store.claim_next_jobs(None, 2, node="node1", worker="w1"), [10, 180]):
+        finish(store, claimed, ended_minutes_ago=minutes_ago)
+    # An operator fourteen hours ahead (time zone) whose clock is a day fast: an hour ago is still the database's.
+    operator = {"TZ": "Pacific/Kiritimati", **skewed_clock("+1d")}
+    assert run(database_url, "prune", "--older-than", "1h", env=operator).stdout.strip() == "Deleted 1 finished job."
+    assert [job.job for job in store.list_terminated(10)] == ["j0"]
+
+
 def test_an_unreachable_database_is_named_without_its_password(database_url):
     result = run("postgresql://scrapyd:s3cret-pw@127.0.0.1:1/queue", "status", expect=2)
     assert "127.0.0.1:1/queue" in result.stderr
     assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_the_database_url_comes_from_a_file_or_the_environment_and_a_password_in_argv_is_warned_of(
+        database_url, tmp_path):
+    url_file = tmp_path / "database-url"
+    url_file.write_text(database_url + "\n")
+    from_file = run("", "status", "--database-url-file", str(url_file))
+    assert from_file.stdout.startswith("Queue in ") and from_file.stderr == ""
+    assert run("", "status", expect=2).stderr.endswith(
+        "status: give the database URL in $SCRAPYD_DATABASE_URL or --database-url-file\n")
+    assert "cannot read" in run("", "status", "--database-url-file", str(tmp_path / "missing"), expect=2).stderr
+    with_password = make_url(database_url).set(password="argv-s3cret").render_as_string(hide_password=False)
+    warned = run("", "status", "--database-url", with_password)
+    assert "a password on the command line is visible to every user of this host (ps)" in warned.stderr
+    assert "argv-s3cret" not in warned.stderr + warned.stdout
+    assert run("", "status", "--database-url", database_url).stderr == ""  # no password in it: nothing to say
 
 
 # --- enqueue ---------------------------------------------------------------------------------------------------
@@ -215,7 +246,8 @@ def test_enqueue_from_standard_input_stops_at_a_bad_line_and_says_which(database
     lines = [json.dumps({"spider": "sleeper", "jobid": f"ok-{i}"}) for i in range(5)]
     lines.insert(3, json.dumps({"spider": "sleeper", "priority": "high"}))
     env = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
-    env["SCRAPYD_DATABASE_URL"] = database_url
+    if database_url:
+        env["SCRAPYD_DATABASE_URL"] = database_url
     result = subprocess.run([COMMAND, "enqueue", "--project", "example", "--batch-size", "2", "-"], env=env,
                             input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapyd_pgqueue.cluster import LocalCluster
+from scrapyd_pgqueue.local.cluster import LocalCluster
 from helpers import wait_for
 
 NODES = 3

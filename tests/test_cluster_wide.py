@@ -8,14 +8,17 @@ shows the same state; and the real clients (scrapyd-client, python-scrapyd-api) 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
 import urllib.error
 import urllib.request
+import zoneinfo
 from pathlib import Path
 
 import psycopg2
@@ -23,8 +26,8 @@ import pytest
 from scrapyd_api import ScrapydAPI
 from scrapyd_client.pyclient import ScrapydClient
 
-from scrapyd_pgqueue.cluster import LocalCluster
-from helpers import wait_for
+from scrapyd_pgqueue.local.cluster import LocalCluster
+from helpers import query, runs_of, skewed_clock, wait_for
 
 NODES = 3
 BIN = Path(sys.executable).parent
@@ -113,6 +116,21 @@ def operator_status(database_url: str) -> dict:
     return json.loads(result.stdout)
 
 
+RANGES = [None, "bytes=-1000", "bytes=100-", "bytes=100-199", "bytes=0-0", "bytes=-99999999", "bytes=10-99999999",
+          "bytes=99999999-", "bytes=5-2", "lines=0-9"]
+
+
+def ranged(url: str, byte_range: str | None) -> tuple:
+    """(status, Content-Range, Content-Length, body) of a GET with that Range."""
+    request = urllib.request.Request(url, headers={} if byte_range is None else {"Range": byte_range})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, headers, body = response.status, response.headers, response.read()
+    except urllib.error.HTTPError as e:
+        status, headers, body = e.code, e.headers, e.read()
+    return status, headers["Content-Range"], headers["Content-Length"], body
+
+
 @pytest.fixture
 def record_dir(tmp_path) -> Path:
     return tmp_path / "records"
@@ -187,12 +205,39 @@ def test_every_node_reports_a_job_identically_while_pending_running_and_finished
             logs.append(response.read().decode())
     assert logs[0] == logs[1] == logs[2]
     assert "Spider closed (finished)" in logs[0] and job in logs[0]
+    # Gerapy's poll of the log's end: 206 with the last 1000 bytes from node2's file and from the database alike.
+    tail = logs[0].encode()[-1000:]
+    for node in cluster.nodes:
+        assert ranged(node.url.rstrip("/") + entry["log_url"], "bytes=-1000")[::3] == (206, tail), node.name
     assert [run["node"] for run in read_records(record_dir / "runs.jsonl") if run["job"] == job] == ["node2"]
     assert ScrapydAPI(node3.url).job_status("example", job) == "finished"
     assert operator_status(database_url)["finished"]["by_outcome"] == {"cancelled": 1, "finished": 1}
 
     for blocker in (blockers["node1"], blockers["node3"]):
         cancel_and_wait(cluster, "example", blocker)
+
+
+def test_a_log_served_from_the_database_honours_range_as_the_log_file_does(database_url, start_cluster):
+    (node,) = start_cluster(database_url, 1).nodes
+    job = schedule(node, "example", "sleeper", seconds="0")
+    wait_for(lambda: node.get("status.json", job=job)["currstate"] == "finished", 60, "the job to finish")
+    url = f"{node.url}logs/example/sleeper/{job}.log"
+    log_file = node.directory / "logs" / "example" / "sleeper" / f"{job}.log"
+    log = log_file.read_bytes()
+    assert len(log) > 1000
+    from_file = {byte_range: ranged(url, byte_range) for byte_range in RANGES}
+    log_file.unlink()  # now this node serves the log stored in the database, as the other nodes do
+    from_database = {byte_range: ranged(url, byte_range) for byte_range in RANGES}
+    assert from_database == from_file
+    # What Gerapy polls: the last 1000 bytes, 206.
+    assert from_database["bytes=-1000"] == (206, f"bytes {len(log) - 1000}-{len(log) - 1}/{len(log)}", "1000",
+                                            log[-1000:])
+    assert from_database[None] == (200, None, str(len(log)), log)
+    assert from_database["bytes=99999999-"][:2] == (416, f"bytes */{len(log)}")
+    # A suffix longer than the log is the whole log (Twisted's own File answered 500 to it).
+    assert from_database["bytes=-99999999"] == (206, f"bytes 0-{len(log) - 1}/{len(log)}", str(len(log)), log)
+    status, _, _, parts = ranged(url, "bytes=0-9,20-29")  # several ranges: multipart/byteranges, as for the file
+    assert status == 206 and f"Content-range: bytes 20-29/{len(log)}\r\n\r\n".encode() + log[20:30] in parts
 
 
 def test_cancel_sent_to_one_node_stops_the_job_running_on_another(cluster, record_dir):
@@ -274,6 +319,59 @@ def test_a_cancel_whose_notify_was_missed_is_delivered_by_the_heartbeat(cluster,
 
     for blocker in (blockers["node1"], blockers["node2"]):
         cancel_and_wait(cluster, "example", blocker)
+
+
+def running_with_pids(node, jobs: set[str]) -> dict[str, int] | None:
+    """{job: pid} once every one of ``jobs`` runs on ``node`` with its pid known, else None."""
+    running = {entry["id"]: entry["pid"] for entry in node.get("listjobs.json")["running"] if entry["pid"]}
+    return running if jobs <= running.keys() else None
+
+
+def outcomes(database_url: str, jobs) -> dict[str, tuple]:
+    with psycopg2.connect(database_url) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT job, status, outcome, reason FROM spider_job WHERE job = ANY(%s)", (list(jobs),))
+        return {job: (status, outcome, reason) for job, status, outcome, reason in cursor.fetchall()}
+
+
+def test_cancel_takes_a_signal_by_number_or_by_name(start_cluster, database_url):
+    [node] = start_cluster(database_url, 1, max_proc="2").nodes
+    signals = {"by-number": "9", "by-name": "sigkill"}
+    for job in signals:
+        schedule(node, "example", "sleeper", jobid=job, seconds="300")
+    wait_for(lambda: running_with_pids(node, set(signals)), 60, "both crawls to run")
+    for job, signal in signals.items():
+        assert node.post("cancel.json", project="example", job=job, signal=signal)["prevstate"] == "running"
+    wait_for(lambda: {state[0] for state in outcomes(database_url, signals).values()} == {"terminated"}, 30,
+             "both crawls to end")
+    ended = outcomes(database_url, signals)
+    assert ended["by-number"][1:] == ("cancelled", "cancelled (signal 9); killed by signal 9")
+    assert ended["by-name"][1:] == ("cancelled", "cancelled (signal KILL); killed by signal 9")
+
+
+def test_cancel_requests_delivered_together_where_some_are_no_signal_break_no_other(start_cluster, database_url):
+    """Rows written another way (an older node, SQL) may carry what cancel.json refuses: 0 signals nothing, 99 is
+    no signal. Delivered in one go by the heartbeat, with a good one: that one stops its crawl, the others are
+    logged and their crawls run to their end, finished."""
+    [node] = start_cluster(database_url, 1, max_proc="3").nodes
+    seconds = {"zero": "8", "ninety-nine": "8", "good": "300"}
+    for job, duration in seconds.items():
+        schedule(node, "example", "sleeper", jobid=job, seconds=duration)
+    pids = wait_for(lambda: running_with_pids(node, set(seconds)), 60, "the three crawls to run")
+    with psycopg2.connect(database_url) as connection, connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE spider_job SET cancel_requested = true, cancel_requests = 1, cancel_signal = CASE job "
+            "WHEN 'zero' THEN '0' WHEN 'ninety-nine' THEN '99' ELSE 'KILL' END WHERE job = ANY(%s)", (list(seconds),),
+        )
+    wait_for(lambda: not pid_alive(pids["good"]), 10, "the heartbeat to deliver the good cancel request")
+    wait_for(lambda: {state[0] for state in outcomes(database_url, seconds).values()} == {"terminated"}, 60,
+             "the three crawls to end")
+    ended = outcomes(database_url, seconds)
+    assert ended["good"][1:] == ("cancelled", "cancelled (signal KILL); killed by signal 9")
+    assert ended["zero"][1:] == ended["ninety-nine"][1:] == ("finished", None)
+    log = node.logfile.read_text()
+    assert "Not cancelling job zero of project example: signal must be" in log
+    assert "Not cancelling job ninety-nine of project example: signal must be" in log
+    assert "Reading cancel requests and eggs failed" not in log
 
 
 # --- deploy once -----------------------------------------------------------------------------------------------
@@ -440,3 +538,64 @@ def test_listjobs_pages_a_large_backlog_in_claim_order(database_url, tmp_path, a
         with admin_connection.cursor() as cursor:
             cursor.execute("DELETE FROM spider_job WHERE status = 'pending'")
         cancel_and_wait(cluster, "example", node.get("listjobs.json")["running"][0]["id"])
+
+
+# --- one clock -------------------------------------------------------------------------------------------------
+
+# Three nodes whose clocks disagree: one in UTC, one fourteen hours ahead (its zone), one ten hours behind (its zone)
+# and two more (its clock, through Debian's libfaketime).
+CLOCKS = {
+    "utc": {"TZ": "UTC"},
+    "kiritimati": {"TZ": "Pacific/Kiritimati"},
+    "skewed": {"TZ": "America/Adak", **skewed_clock("-2h")},
+}
+
+
+def page_rows(node, section: str) -> dict[str, dict[str, str]]:
+    """The rows of one section (Running, Finished) of the node's /jobs, in page order: {job: {header: cell}}."""
+    with urllib.request.urlopen(f"{node.url}jobs", timeout=30) as response:
+        page = response.read().decode()
+    headers = re.findall(r"<th>(.*?)</th>", page.split("</thead>")[0])
+    section_html = page.split(f"<th colspan=\"{len(headers)}\">{section}</th>")[1].split("</tbody>")[0]
+    rows = [dict(zip(headers, re.findall(r"<td>(.*?)</td>", row, re.S)))
+            for row in re.findall(r"<tr>\n(.*?)</tr>", section_html, re.S)]
+    return {row["Job"]: row for row in rows if "Job" in row}
+
+
+def test_nodes_in_other_time_zones_or_with_skewed_clocks_keep_finished_jobs_in_true_order(
+    database_url, start_cluster, tmp_path
+):
+    nodes = {name: start_cluster(database_url, 1, name_prefix=name, env=env, max_proc="1", finished_to_keep="2")
+             .nodes[0] for name, env in CLOCKS.items()}
+    # One crawl per node (one slot each), ending in this order whichever node runs which.
+    durations = {"first": 2, "second": 10, "third": 18}
+    for job, seconds in durations.items():
+        schedule(nodes["utc"], "example", "sleeper", jobid=job, seconds=str(seconds))
+    ran = wait_for(lambda: {job: runs_of(tmp_path, job)[0]["node"] for job in durations if runs_of(tmp_path, job)}
+                   if all(runs_of(tmp_path, job) for job in durations) else None, 60, "the three crawls")
+    assert sorted(ran.values()) == sorted(f"{name}1" for name in CLOCKS)  # every clock ran one
+
+    # While the last one runs, the skewed node measures its runtime on the database's clock, not two hours off.
+    running = wait_for(lambda: page_rows(nodes["skewed"], "Running").get("third"), 30, "the third on the page")
+    assert running["Runtime"].startswith("0:00:"), running
+
+    database_times = "SELECT job, start_time, end_time, now() - end_time FROM spider_job ORDER BY end_time DESC"
+    finished = wait_for(lambda: len(query(database_url, database_times)) == 2
+                        and query(database_url, "SELECT bool_and(status = 'terminated') FROM spider_job") == [(True,)]
+                        and query(database_url, database_times), 60, "the last two finished, the first pruned")
+    # The table: true order, each time a moment ago on the database's clock; finished_to_keep pruned the oldest
+    # (and its stored log).
+    assert [row[0] for row in finished] == ["third", "second"]
+    assert all(datetime.timedelta(0) <= ago < datetime.timedelta(seconds=30) for *_, ago in finished), finished
+    assert query(database_url, "SELECT count(*) FROM job_log AS l JOIN spider_job AS j ON j.id = l.job_id "
+                               "WHERE j.job = 'first'") == [(0,)]
+    ends = {job: end for job, _, end, _ in finished}
+    for name, env in CLOCKS.items():
+        # Every node lists them in that order, in its own local time as Scrapyd does (str of a naive datetime).
+        listed = nodes[name].get("listjobs.json", project="example")["finished"]
+        zone = zoneinfo.ZoneInfo(env["TZ"])
+        assert [(entry["id"], entry["end_time"]) for entry in listed] == [
+            (job, str(ends[job].astimezone(zone).replace(tzinfo=None))) for job in ("third", "second")]
+        page = page_rows(nodes[name], "Finished")
+        assert list(page) == ["third", "second"]
+        assert page["third"]["Finish"] == str(ends["third"].astimezone(zone).replace(tzinfo=None, microsecond=0))

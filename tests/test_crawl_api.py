@@ -15,7 +15,7 @@ import pytest
 
 from scrapyd_pgqueue import cli, crawl
 from scrapyd_pgqueue.config import Settings
-from scrapyd_pgqueue.store import ClusterStore, JobStore
+from scrapyd_pgqueue.store import ClusterStore, JobOptions, JobStore
 from helpers import query
 
 
@@ -70,6 +70,25 @@ def test_bad_follow_ups_are_refused_with_the_reason_and_nothing_is_stored(databa
     assert query(database_url, "SELECT count(*) FROM spider_job WHERE parent IS NOT NULL") == [(0,)]
 
 
+def test_a_crawl_schedules_into_its_own_project_only(database_url, in_a_crawl):
+    with pytest.raises(TypeError, match="project"):
+        crawl.schedule("page", project="other")
+    with pytest.raises(TypeError, match="project"):
+        crawl.schedule_many([crawl.FollowUp("page")], project="other")
+    assert query(database_url, "SELECT count(*) FROM spider_job WHERE project <> 'p'") == [(0,)]
+
+
+def test_a_tree_at_its_cap_refuses_the_next_follow_up_with_the_reason(database_url, in_a_crawl, monkeypatch):
+    monkeypatch.setenv(crawl.TREE_MAX_JOBS_VARIABLE, "3")  # the node's tree_max_jobs, as its launcher passes it
+    first = crawl.schedule_many([crawl.FollowUp("page", unique_key="a"), crawl.FollowUp("page", unique_key="b")])
+    with pytest.raises(ValueError, match=r"the tree of root job 'root' has 3 jobs and may have at most 3 "
+                                         r"\(tree_max_jobs\): 1 more refused"):
+        crawl.schedule("page", unique_key="c")
+    assert crawl.schedule("page", unique_key="a") == first[0]  # a key the tree has still answers
+    view = ClusterStore.for_url(database_url).tree("p", "root")
+    assert (view.total, view.by_state) == (3, {"pending": 2, "running": 1})
+
+
 def test_outside_a_crawl_schedule_says_what_is_missing(monkeypatch):
     for name in (crawl.JOB_VARIABLE, crawl.PROJECT_VARIABLE, crawl.DATABASE_URL_VARIABLE,
                  crawl.NODE_DATABASE_URL_VARIABLE):
@@ -78,38 +97,53 @@ def test_outside_a_crawl_schedule_says_what_is_missing(monkeypatch):
         crawl.schedule("page")
 
 
-SPIDER = textwrap.dedent("""
-    import scrapy
-    from scrapyd_pgqueue.crawl import FollowUp
+PIPELINE_SPIDER = """\
+import scrapy
+from scrapyd_pgqueue.crawl import FollowUp
 
-    class Links(scrapy.Spider):
-        name = "links"
-        custom_settings = {"ITEM_PIPELINES": {"scrapyd_pgqueue.crawl.FollowUpPipeline": 100},
-                           "FOLLOW_UP_BATCH_SIZE": 500, "LOG_LEVEL": "INFO", "TELNETCONSOLE_ENABLED": False}
+class Spider(scrapy.Spider):
+    name = "{name}"
+    custom_settings = {{"ITEM_PIPELINES": {{"scrapyd_pgqueue.crawl.FollowUpPipeline": 100}},
+                       "FOLLOW_UP_BATCH_SIZE": {batch_size}, "LOG_LEVEL": "INFO", "TELNETCONSOLE_ENABLED": False}}
 
-        async def start(self):
-            yield scrapy.Request("data:text/plain,links", dont_filter=True)
+    async def start(self):
+        yield scrapy.Request("data:text/plain,{name}", dont_filter=True)
 
-        def parse(self, response):
-            for n in range(1200):
-                # 600 pages, each found twice; a plain item passes through
-                yield FollowUp("page", {"n": str(n % 600)}, unique_key=f"page-{n % 600}")
-            yield {"plain": "item"}
+    def parse(self, response):
+{parse}
+    def closed(self, reason):
+        print("STATS " + __import__("json").dumps(
+            {{k: v for k, v in self.crawler.stats.get_stats().items() if k.startswith({stats!r})}}))
+"""
 
-        def closed(self, reason):
-            print("STATS " + __import__("json").dumps(
-                {k: v for k, v in self.crawler.stats.get_stats().items() if k.startswith(("followup", "item"))}))
-""")
+
+def pipeline_spider(name: str, batch_size: int, parse: str, stats: tuple[str, ...] = ("followup",)) -> str:
+    """The source of a spider whose ``parse`` (its body) yields follow-ups through the FollowUpPipeline, and which
+    prints the stats starting with ``stats`` when it closes."""
+    body = textwrap.indent(textwrap.dedent(parse).strip("\n"), " " * 8) + "\n"
+    return PIPELINE_SPIDER.format(name=name, batch_size=batch_size, parse=body, stats=stats)
+
+
+def run_spider(tmp_path, source: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``scrapy runspider`` of ``source`` as the crawl of job root: the finished process and the stats it printed."""
+    (tmp_path / "spider.py").write_text(source)
+    result = subprocess.run([sys.executable, "-m", "scrapy", "runspider", "spider.py", "-a", "_job=root", *args],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [stats] = [json.loads(line[6:]) for line in result.stdout.splitlines() if line.startswith("STATS ")]
+    return result, stats
+
+
+SPIDER = pipeline_spider("links", 500, """
+    for n in range(1200):
+        # 600 pages, each found twice; a plain item passes through
+        yield FollowUp("page", {"n": str(n % 600)}, unique_key=f"page-{n % 600}")
+    yield {"plain": "item"}
+""", stats=("followup", "item"))
 
 
 def test_the_pipeline_stores_follow_ups_in_batches_before_the_crawl_ends(database_url, in_a_crawl, tmp_path):
-    (tmp_path / "links.py").write_text(SPIDER)
-    result = subprocess.run(
-        [sys.executable, "-m", "scrapy", "runspider", "links.py", "-a", "_job=root", "-o", "items.jsonl"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    [stats] = [json.loads(line[6:]) for line in result.stdout.splitlines() if line.startswith("STATS ")]
+    result, stats = run_spider(tmp_path, SPIDER, "-o", "items.jsonl")
     assert stats["followup/scheduled"] == 600 and stats["followup/known"] == 600
     assert stats["item_dropped_count"] == 1200 and stats["item_scraped_count"] == 1
     assert [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()] == [{"plain": "item"}]
@@ -121,6 +155,35 @@ def test_the_pipeline_stores_follow_ups_in_batches_before_the_crawl_ends(databas
     # The tree as people and scripts see it: the root still running, 600 children pending.
     view = ClusterStore.for_url(database_url).tree("p", "root")
     assert (view.total, view.open, view.done, view.by_state) == (601, 601, False, {"pending": 600, "running": 1})
+
+
+REFUSING_SPIDER = pipeline_spider("refused", 10, """
+    pages = [FollowUp("page", {"n": str(n)}, unique_key=f"page-{n}") for n in range(25)]
+    # First batch of 10: a job id already live, and one job id twice; the second batch: a key held by a
+    # waiting job with on_conflict="error"; the last: the first refused one's tree key, found again.
+    pages[3:3] = [FollowUp("page", {"n": "taken"}, unique_key="found-again", jobid="taken")]
+    pages[6:6] = [FollowUp("page", {"n": "twin-1"}, jobid="twin"), FollowUp("page", {"n": "twin-2"}, jobid="twin")]
+    pages[12:12] = [FollowUp("page", {"n": "held"}, unique_key="held", unique_scope="waiting",
+                             on_conflict="error")]
+    yield from pages
+    yield FollowUp("page", {"n": "again"}, unique_key="found-again")
+""")
+
+
+def test_a_follow_up_the_database_refuses_loses_only_itself(database_url, in_a_crawl, tmp_path):
+    store = JobStore.for_url(database_url)
+    store.enqueue("p", {"name": "page", "_job": "taken"})  # a live job id
+    store.enqueue("p", {"name": "page", "_job": "holder"}, options=JobOptions(unique_key="held"))  # a waiting key
+    result, stats = run_spider(tmp_path, REFUSING_SPIDER)
+    assert stats == {"followup/scheduled": 27, "followup/known": 0, "followup/refused": 3}
+    for reason in ("Follow-up job taken of spider page refused: job id 'taken' is already pending or running",
+                   "Follow-up job twin of spider page refused: job id 'twin' is already pending or running",
+                   "spider page refused: unique_key 'held' is held by waiting job 'holder'"):
+        assert result.stderr.count(reason) == 1, result.stderr[-3000:]
+    children = query(database_url, "SELECT message->>'n' FROM spider_job WHERE parent = 'root'")
+    assert sorted(n for n, in children) == sorted([*map(str, range(25)), "twin-1", "again"])
+    assert query(database_url, "SELECT message->>'n' FROM spider_job WHERE job IN ('taken', 'holder')") == [
+        (None,), (None,)]  # the jobs that were there are untouched
 
 
 def test_the_tree_command(database_url, in_a_crawl, capsys):

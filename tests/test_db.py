@@ -15,10 +15,12 @@ from scrapyd.config import Config
 
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db, devdb, notifications
+from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db
+from scrapyd_pgqueue.local import devdb
+from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.config import ConfigurationError
 from scrapyd_pgqueue.store import ClusterStore, JobStore
-from helpers import query, role_with_every_grant, wait_for
+from helpers import node_role, query, wait_for
 
 
 def connections_to(admin_connection):
@@ -150,7 +152,7 @@ def test_a_busy_pool_makes_work_wait_and_never_opens_more_than_its_size(database
 def role_with_one_connection(database_url, admin_connection):
     """The test database's URL as a role that may hold one connection at a time (superusers have no limit)."""
     db.get_engine(database_url)  # the schema, as its owner
-    return role_with_every_grant(admin_connection, database_url, f"one_{uuid.uuid4().hex[:8]}", "CONNECTION LIMIT 1")
+    return node_role(admin_connection, database_url, f"one_{uuid.uuid4().hex[:8]}", "CONNECTION LIMIT 1")
 
 
 def test_a_refused_connection_is_waited_for_and_said_once_with_a_count(role_with_one_connection, caplog):
@@ -165,6 +167,45 @@ def test_a_refused_connection_is_waited_for_and_said_once_with_a_count(role_with
     assert 1.5 < waited < 10  # a short wait, not an error
     assert len(refusals) == 1, refusals  # said once, though it tried many times
     assert "too many connections" in refusals[0]
+
+
+def test_a_statement_the_server_ends_is_sent_again_read_or_write(database_url):
+    store = JobStore.for_url(database_url)
+    store.enqueue("p", {"name": "s", "_job": "before"})
+    locker = psycopg2.connect(database_url.replace("postgresql+psycopg2", "postgresql"))
+
+    def waiting_statements():
+        return query(database_url, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                   "AND application_name = 'scrapyd-pgqueue'")
+
+    def end_the_waiting_statement():  # as a server restart ends the statement it was running
+        [(pid,)] = wait_for(waiting_statements, 10, "the statement to wait")
+        query(database_url, "SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: waiting_statements() not in ([], [(pid,)]), 10, "the statement to be sent again")
+        locker.rollback()
+
+    for read in (True, False):
+        with locker.cursor() as cursor:
+            cursor.execute("LOCK TABLE spider_job IN ACCESS EXCLUSIVE MODE")
+        ender = threading.Thread(target=end_the_waiting_statement)
+        ender.start()
+        if read:
+            assert [message["_job"] for message in store.list_pending("p")] == ["before"]
+        else:  # ended before it could commit (its transaction aborted): sent again, stored once
+            assert store.enqueue("p", {"name": "s", "_job": "ended"}).job == "ended"
+        ender.join()
+    locker.close()
+    assert [message["_job"] for message in store.list_pending("p")] == ["before", "ended"]
+
+
+def test_which_statements_only_read():
+    assert db.reads_only("SELECT status FROM spider_job WHERE job = %(job)s")
+    assert db.reads_only("\n    SELECT count(*) FROM spider_job")
+    for writes in ["UPDATE spider_job SET status = 'pending'", "WITH x AS (UPDATE t SET a = 1) SELECT 1",
+                   "SELECT pg_notify('c', 'p')", "SELECT id FROM spider_job FOR UPDATE SKIP LOCKED",
+                   "SELECT id FROM t FOR NO KEY UPDATE", "SELECT nextval('s')", "SELECT * INTO copy FROM t",
+                   "SELECT pg_advisory_xact_lock(1)", "INSERT INTO t VALUES (1)"]:
+        assert not db.reads_only(writes), writes
 
 
 def test_a_stalled_database_is_an_error_within_the_time_allowed_and_leaves_no_ghost_job(stoppable_database):
@@ -293,3 +334,46 @@ def test_0006_upgrades_a_populated_queue_whose_claim_then_promotes_and_claims_in
     _migrate_to(database_url, "0005", down=True)
     assert query(database_url, "SELECT count(*) FROM pg_proc WHERE proname = 'claim_spider_jobs'") == [(0,)]
     assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]
+
+
+def test_0007_reads_the_stored_naive_times_in_the_sessions_time_zone_and_claims_on_the_database_clock(
+    database_url, monkeypatch
+):
+    monkeypatch.setenv("PGTZ", "America/Adak")  # this test's sessions (libpq), the migration's among them
+    _migrate_to(database_url, "0006")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, priority, message, status, created_time, start_time, end_time)
+        SELECT 'p', 's', 'job-' || i, 0, jsonb_build_object('name', 's', '_job', 'job-' || i), status,
+               naive, CASE WHEN status = 'terminated' THEN naive + interval '1 second' END,
+               CASE WHEN status = 'terminated' THEN naive + interval '1 minute' END
+        FROM generate_series(1, %s) AS i,
+             LATERAL (SELECT timestamp '2026-01-15 10:00:00.123456' + i * interval '7 seconds' AS naive,
+                             CASE WHEN i %% 2 = 0 THEN 'pending' ELSE 'terminated' END AS status) AS row
+    """, (3000,))
+    times = "SELECT job, created_time, start_time, end_time FROM spider_job ORDER BY id"
+    before = query(database_url, times)
+
+    _migrate_to(database_url, "0007")
+
+    in_adak = "SELECT job, {} FROM spider_job ORDER BY id".format(
+        ", ".join(f"{column} AT TIME ZONE 'America/Adak'" for column in ("created_time", "start_time", "end_time")))
+    assert query(database_url, in_adak) == before
+    [(first, second)] = query(database_url, "SELECT min(end_time), max(end_time) FROM spider_job")
+    assert first.utcoffset() is not None and second - first == datetime.timedelta(seconds=7 * 2998)
+    store = JobStore.for_url(database_url)
+    [claimed] = store.claim_next_jobs(["p"], 1, node="n", worker="w")
+    [(started_ago,)] = query(database_url, "SELECT now() - start_time FROM spider_job WHERE id = %s", (claimed.id,))
+    assert datetime.timedelta(0) <= started_ago < datetime.timedelta(minutes=1)
+    now = datetime.datetime.now()
+    store.finish_job(project="p", spider="s", job=claimed.job, start_time=now, end_time=now, claimed=claimed,
+                     worker="w")
+    assert [row.job for row in store.list_terminated(2)] == [claimed.job, "job-2999"]  # the newest end first
+    assert query(database_url, "SELECT count(*) FROM pg_proc WHERE prosrc LIKE '%%localtimestamp%%'") == [(0,)]
+
+    _migrate_to(database_url, "0006", down=True)
+    untouched = [row for row in query(database_url, times) if row[0] != claimed.job]
+    assert untouched == [row for row in before if row[0] != claimed.job]
+    assert query(database_url, "SELECT pg_get_function_identity_arguments(oid) FROM pg_proc "
+                               "WHERE proname = 'claim_spider_jobs'") == [
+        ("p_projects text[], p_limit integer, p_node text, p_worker text, p_start timestamp without time zone, "
+         "p_channel text",)]

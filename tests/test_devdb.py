@@ -12,7 +12,7 @@ import psycopg2
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import devdb
+from scrapyd_pgqueue.local import devdb
 from helpers import connect, query
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scrapyd_pgqueue.devdb import free_port
+from scrapyd_pgqueue.local.devdb import free_port
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPOSITORY / "Dockerfile"
@@ -190,6 +190,11 @@ def test_image_installs_the_package_and_bakes_in_the_example_project(image):
     scrapyd_conf = ConfigParser(interpolation=None)
     scrapyd_conf.read(image.path("/etc/scrapyd/scrapyd.conf"))
     assert not scrapyd_conf.has_option("scrapyd", "database_url")
+    # Loopback by default, as stock Scrapyd; the image listens on its container's interfaces, where the node
+    # insists on the API's username and password, which come from the environment, never the file.
+    assert scrapyd_conf.get("scrapyd", "bind_address") == "127.0.0.1"
+    assert image.env["SCRAPYD_BIND_ADDRESS"] == "0.0.0.0"
+    assert not scrapyd_conf.has_option("scrapyd", "password")
 
 
 def run_healthcheck(image: ImageReplay, env: dict[str, str]) -> int:
@@ -271,11 +276,20 @@ def interpolate(text: str, environment: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)(?:(:[?-])([^}]*))?\}", substitute, text)
 
 
+SECRETS = {"POSTGRES_PASSWORD": "owner-s3cret", "SCRAPYD_NODE_PASSWORD": "node-s3cret", "SCRAPYD_USERNAME": "operator",
+           "SCRAPYD_PASSWORD": "api-s3cret"}
+
+
+def compose_file(environment: dict[str, str]) -> dict:
+    return yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), environment))
+
+
 def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     # `docker compose config` needs the compose plugin, absent here: read the file as compose would.
-    with pytest.raises(LookupError, match="POSTGRES_PASSWORD"):
-        interpolate(COMPOSE_FILE.read_text(), {})  # no default password: it must come from the environment
-    compose = yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), {"POSTGRES_PASSWORD": "s3cret"}))
+    for missing in SECRETS:  # no default for any secret: each must come from the environment (or .env)
+        with pytest.raises(LookupError, match=missing):
+            compose_file({name: value for name, value in SECRETS.items() if name != missing})
+    compose = compose_file(SECRETS)
     services = compose["services"]
 
     postgres = services["postgres"]
@@ -283,12 +297,12 @@ def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
     volume = postgres["volumes"][0].split(":")[0]
     assert volume in compose["volumes"], "the database lives in a named volume"
-    assert postgres["environment"]["POSTGRES_PASSWORD"] == "s3cret"
+    assert postgres["environment"]["POSTGRES_PASSWORD"] == SECRETS["POSTGRES_PASSWORD"]
 
     scrapyd = services["scrapyd"]
     assert scrapyd["build"] == "."
     assert "container_name" not in scrapyd and "ports" not in scrapyd, "fixed names or host ports prevent --scale"
-    assert scrapyd["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "healthcheck" not in scrapyd, "the image's own health check"
     # Statements through PgBouncer in transaction mode, the one listener straight to Postgres.
     pgbouncer = services["pgbouncer"]
     assert pgbouncer["environment"]["POOL_MODE"] == "transaction"
@@ -299,14 +313,37 @@ def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     assert (database.hostname, database.port) == ("pgbouncer", int(pgbouncer["environment"]["LISTEN_PORT"]))
     listen = urllib.parse.urlsplit(scrapyd["environment"]["SCRAPYD_LISTEN_URL"])
     assert (listen.hostname, listen.port) == ("postgres", 5432)
+    # Nodes and PgBouncer connect as the node role, never as the image's bootstrap superuser.
     for url in (upstream, database, listen):
-        assert url.username == postgres["environment"]["POSTGRES_USER"]
-        assert url.password == postgres["environment"]["POSTGRES_PASSWORD"]
+        assert (url.username, url.password) == ("scrapyd_node", SECRETS["SCRAPYD_NODE_PASSWORD"])
         assert url.path == "/" + postgres["environment"]["POSTGRES_DB"]
+    assert SECRETS["POSTGRES_PASSWORD"] not in json.dumps([scrapyd, pgbouncer])
+    # The API requires the username and password (the image refuses to listen beyond loopback without them).
+    assert scrapyd["environment"]["SCRAPYD_USERNAME"] == SECRETS["SCRAPYD_USERNAME"]
+    assert scrapyd["environment"]["SCRAPYD_PASSWORD"] == SECRETS["SCRAPYD_PASSWORD"]
+
+    # A one-shot service creates the schema and the node role as the owner; nodes and PgBouncer wait for it.
+    migrate = services["migrate"]
+    assert migrate["build"] == "." and migrate["restart"] == "no"
+    assert migrate["command"] == ["scrapyd-pgqueue", "grant", "scrapyd_node"]
+    owner = urllib.parse.urlsplit(migrate["environment"]["SCRAPYD_DATABASE_URL"])
+    assert (owner.username, owner.password) == (postgres["environment"]["POSTGRES_USER"], SECRETS["POSTGRES_PASSWORD"])
+    assert (owner.hostname, owner.port) == ("postgres", 5432)
+    assert migrate["environment"]["SCRAPYD_NODE_PASSWORD"] == SECRETS["SCRAPYD_NODE_PASSWORD"]
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for service in (scrapyd, pgbouncer):
+        assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+    # No secret on any command line: every command, entrypoint and health check is free of them.
+    for name, service in services.items():
+        argv = json.dumps([service.get(key) for key in ("command", "entrypoint")] + [service.get("healthcheck")])
+        assert not [secret for secret in SECRETS.values() if secret in argv], name
 
     # One published address, spread over every replica that Docker's DNS knows by the service's name.
     (balancer,) = [s for name, s in services.items() if s.get("ports")]
-    assert balancer["ports"] == ["6800:6800"]
+    assert balancer["ports"] == ["127.0.0.1:6800:6800"], "the host's loopback only, unless the operator says"
+    published = compose_file({**SECRETS, "SCRAPYD_PUBLISH_ADDRESS": "192.0.2.10"})["services"]["loadbalancer"]
+    assert published["ports"] == ["192.0.2.10:6800:6800"]
     mount, target = balancer["volumes"][0].split(":")[:2]
     assert target == "/etc/nginx/nginx.conf"
     nginx = (REPOSITORY / mount).read_text()

@@ -19,8 +19,9 @@ from scrapyd.interfaces import IEggStorage
 from zope.interface.verify import verifyObject
 
 from scrapyd_pgqueue import PostgresEggStorage
-from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT
+from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT
 from scrapyd_pgqueue.store import PROJECTS_CHANNEL
+from helpers import query, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,7 @@ def test_scrapyds_runner_runs_a_version_fetched_from_the_database(storage, examp
 
 
 def test_a_baked_in_project_starts_without_the_database_but_an_egg_project_says_why_not():
-    from scrapyd_pgqueue import devdb
+    from scrapyd_pgqueue.local import devdb
     from scrapyd_pgqueue.db import DatabaseError
 
     config = Config(values={"database_url": f"postgresql://nobody@127.0.0.1:{devdb.free_port()}/none"})
@@ -200,3 +201,49 @@ def test_a_baked_in_project_starts_without_the_database_but_an_egg_project_says_
     assert storage.get("example") == (None, None)  # the crawl runs the baked-in settings module
     with pytest.raises(DatabaseError, match="127.0.0.1"):
         storage.get("deployed")
+
+
+def test_every_node_deletes_its_cached_eggs_of_deleted_versions(database_url, start_cluster, egg):
+    cluster = start_cluster(database_url, 2, max_proc="1")
+    first, second = cluster.nodes
+    for version in ("1", "2"):
+        answer = first.post("addversion.json", project="deployed", version=version, egg=egg.read_bytes())
+        assert answer["status"] == "ok", answer
+    ids = dict(query(database_url, "SELECT version, id FROM project_egg WHERE project = 'deployed'"))
+
+    def cached(node):
+        directory = node.directory / "eggs" / "pgqueue"
+        return sorted(path.name for path in directory.glob("*.egg")) if directory.exists() else []
+
+    def run(*versions):
+        """Crawls of the versions, one slot per node: two at once run on both nodes (each caches its egg)."""
+        jobs = []
+        for version in versions:
+            answer = first.post("schedule.json", project="deployed", spider="sleeper", seconds="2",
+                                _version=version)
+            assert answer["status"] == "ok", answer
+            jobs.append(answer["jobid"])
+        wait_for(lambda: all(first.get("status.json", job=job)["currstate"] == "finished" for job in jobs), 90,
+                 "the crawls to end")
+        return {row[0] for row in query(database_url, "SELECT node FROM spider_job WHERE job = ANY(%s)", (jobs,))}
+
+    assert run("1", "1") == {"node1", "node2"}
+    [v2_name] = run("2")
+    [v2_node] = [node for node in cluster.nodes if node.name == v2_name]
+    assert all(f"{ids['1']}.egg" in cached(node) for node in cluster.nodes)
+    assert f"{ids['2']}.egg" in cached(v2_node)
+
+    # Deleted through the other node: every node forgets version 1's file, version 2's stays.
+    assert second.post("delversion.json", project="deployed", version="1")["status"] == "ok"
+    for node in cluster.nodes:
+        wait_for(lambda: f"{ids['1']}.egg" not in cached(node), 15, f"{node.name} to delete version 1's egg")
+    assert cached(v2_node) == [f"{ids['2']}.egg"]
+    assert second.post("delproject.json", project="deployed")["status"] == "ok"
+    wait_for(lambda: cached(v2_node) == [], 15, "the project's last cached egg to go")
+
+    # An egg deleted while a node was down: the node deletes its file when it starts.
+    second.stop()
+    (second.directory / "eggs" / "pgqueue" / f"{ids['2'] + 1000}.egg").write_bytes(b"an egg deleted meanwhile")
+    second.start()
+    second.wait_ready()
+    wait_for(lambda: cached(second) == [], 15, "the stale egg to go at start-up")

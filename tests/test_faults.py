@@ -9,12 +9,10 @@ password, which no log line may show.
 from __future__ import annotations
 
 import datetime
-import multiprocessing
-import random
 import time
 
 from scrapyd_pgqueue.store import JobStore
-from helpers import SECRET, jobs, query, runs, runs_of, schedule, timed, wait_for
+from helpers import SECRET, claim_in_processes, jobs, query, runs, runs_of, schedule, timed, wait_for
 
 
 # --- faults -----------------------------------------------------------------------------------------------------
@@ -115,7 +113,7 @@ def test_a_database_outage_longer_than_the_lease_loses_nothing_and_reruns_nothin
         time.sleep(0.5)
     server.start()
     up_at = time.monotonic()
-    up_clock = datetime.datetime.now()
+    up_clock = datetime.datetime.now().astimezone()  # start_time is the database's (timestamptz, same machine)
 
     print(f"slowest answer while the database was down: {slowest:.2f}s over {len(answers)} requests")
     assert slowest < 5
@@ -184,16 +182,6 @@ CLAIMERS = 32
 JOBS = 20_000
 
 
-def _claim_until_empty(url, worker, start_at, results):
-    store = JobStore.for_url(url)
-    chooser = random.Random(worker)
-    time.sleep(max(0.0, start_at - time.time()))  # start all together
-    claimed = []
-    while batch := store.claim_next_jobs(None, chooser.randint(1, 8), node=f"node-{worker}", worker=f"w{worker}"):
-        claimed.extend((job.job, job.attempt) for job in batch)
-    results.put(claimed)
-
-
 def test_32_claimer_processes_claim_each_of_20000_jobs_exactly_once(database):
     url, admin_url = database
     JobStore.for_url(url)  # the schema
@@ -206,18 +194,7 @@ def test_32_claimer_processes_claim_each_of_20000_jobs_exactly_once(database):
 
     # Forked: 32 fresh interpreters would spend longer importing than claiming. A child never touches the
     # parent's engine (engines are per process id) and leaves through os._exit, so the parent's sessions survive.
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    start_at = time.time() + 3
-    processes = [
-        context.Process(target=_claim_until_empty, args=(url, worker, start_at, results)) for worker in range(CLAIMERS)
-    ]
-    for process in processes:
-        process.start()
-    per_worker = [results.get(timeout=300) for _ in processes]
-    elapsed = time.time() - start_at
-    for process in processes:
-        process.join(30)
+    per_worker, elapsed = claim_in_processes(url, CLAIMERS, "fork", largest_batch=8)
 
     claimed = [job for jobs_of_one in per_worker for job, _ in jobs_of_one]
     print(f"{CLAIMERS} processes claimed {len(claimed)} jobs in {elapsed:.1f}s ({len(claimed) / elapsed:.0f}/s)")

@@ -1,21 +1,23 @@
 """Leases: a node that stops heart-beating loses its running jobs to recovery, and no late writer wins.
 
-Store-level tests drive the statements directly with made-up process ids; the last test uses real ``scrapyd``
-processes and a real crawl.
+Store-level tests drive the statements directly with made-up process ids; the last tests use real ``scrapyd``
+processes and real crawls.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import json
+import threading
 import time
 
 import pytest
 from sqlalchemy import text
 
 from scrapyd_pgqueue import store as store_module
-from scrapyd_pgqueue.cluster import LocalCluster
-from scrapyd_pgqueue.store import ClusterStore, JobStore
-from helpers import wait_for
+from scrapyd_pgqueue.local.cluster import LocalCluster
+from scrapyd_pgqueue.store import ClusterStore, JobOptions, JobStore
+from helpers import connect, jobs, query, runs_of, schedule, wait_for
 
 NOW = datetime.datetime.now
 
@@ -275,3 +277,65 @@ def test_a_node_restarted_under_the_same_name_recovers_its_old_jobs_through_the_
         runs = [json.loads(line) for line in (records / "runs.jsonl").read_text().splitlines()]
         assert [run["job"] for run in runs] == ["long", "long"]
         print(f"restarted node finished its old job {time.monotonic() - killed_at:.1f}s after the kill")
+
+
+# on_lease_lost = stop with a heartbeat a second: a lease not renewed for lease_seconds - 2 - stop_timeout = 3 s
+# stops the node's crawls.
+STOP_ON_LOSS = {"on_lease_lost": "stop", "lease_seconds": "8", "heartbeat_interval": "1", "stop_timeout": "3",
+                "poll_interval": "1", "max_proc": "2"}
+FLOOD_SECONDS = 60
+
+
+def test_a_node_whose_pool_is_held_by_its_own_work_for_a_minute_keeps_its_lease_and_its_crawl(
+    database, start_cluster, tmp_path
+):
+    url, admin_url = database
+    nodes = start_cluster(url, 2, **STOP_ON_LOSS).nodes  # the other one would take the crawl over
+    backlog = [({"name": "sleeper", "_job": f"later{i:05}"}, 0.0, JobOptions(delay=3600)) for i in range(5000)]
+    JobStore.for_url(url).enqueue_many("example", backlog)  # a big backlog for listjobs.json, due in an hour
+    schedule(nodes[0], "long", seconds=f"{FLOOD_SECONDS + 20}")
+    [(name,)] = wait_for(lambda: query(admin_url, "SELECT node FROM spider_job WHERE job = 'long' AND pid IS NOT NULL"),
+                         60, "the long crawl to run")
+    busy = next(node for node in nodes if node.name == name)
+
+    # The flood: every statement of the node's own work on spider_job (claims, web services) waits for a lock the
+    # test holds, up to its lock_timeout (15 s) and again, so both connections of its pool stay taken; 8 clients
+    # ask busy's listjobs.json and daemonstatus.json all along. Only the lease's table stays free.
+    stopping = threading.Event()
+    ages = []
+
+    def flood():
+        while not stopping.is_set():
+            for endpoint in ("listjobs.json", "daemonstatus.json"):
+                with contextlib.suppress(OSError):  # answered late, or an error: what the flood costs them
+                    busy.get(endpoint, timeout=40, project="example")
+
+    def sample_lease():
+        while not stopping.wait(0.2):
+            ages.append(query(admin_url, "SELECT extract(epoch FROM now() - heartbeat_time) FROM scrapyd_node "
+                                         "WHERE name = %s AND stopped_time IS NULL", (busy.name,))[0][0])
+
+    with contextlib.closing(connect(admin_url)) as locker, locker.cursor() as cursor:
+        cursor.execute("BEGIN; LOCK TABLE spider_job IN ACCESS EXCLUSIVE MODE")
+        threads = [threading.Thread(target=flood) for _ in range(8)] + [threading.Thread(target=sample_lease)]
+        for thread in threads:
+            thread.start()
+        time.sleep(FLOOD_SECONDS)
+        stopping.set()
+        held = query(admin_url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                                "AND wait_event_type = 'Lock'", (f"scrapyd-pgqueue {busy.name}",))[0][0]
+        cursor.execute("ROLLBACK")
+    for thread in threads:
+        thread.join(60)
+
+    print(f"{FLOOD_SECONDS} s of flood: {busy.name}'s lease at most {max(ages):.2f} s old; statements of the node "
+          f"waiting on the lock at the end: {held}")
+    assert held >= 1  # the node's own work held its pool (an abandoned statement waits on in the server)
+    assert max(ages) < 2  # renewed every heartbeat_interval (1 s), never near the 3 s that stop the crawls
+    [(status, outcome, node, attempts)] = wait_for(
+        lambda: [state for state in jobs(admin_url, "long").values() if state[0] == "terminated"], 60,
+        "the long crawl to finish",
+    )
+    assert (status, outcome, node, attempts) == ("terminated", "finished", busy.name, 1)  # never stopped, never taken over
+    assert [run["job"] for run in runs_of(tmp_path, "long")] == ["long"]
+    assert "Lease not renewed" not in busy.logfile.read_text()

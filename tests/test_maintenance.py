@@ -8,7 +8,7 @@ import pytest
 
 from scrapyd_pgqueue.store import JobStore, QueueMaintenance
 from scrapyd_pgqueue.store.maintenance import MIN_DEAD_ROWS
-from helpers import query, role_with_every_grant, wait_for
+from helpers import node_role, query, wait_for
 
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = 'spider_job'"
 
@@ -72,7 +72,7 @@ def test_one_node_takes_the_turn_for_the_whole_cluster_and_a_running_turn_is_wai
 
 def test_a_role_that_does_not_own_the_table_leaves_it_to_autovacuum(database_url, admin_connection):
     role = f"guest_{uuid.uuid4().hex[:8]}"
-    guest = JobStore.for_url(role_with_every_grant(admin_connection, database_url, role))
+    guest = JobStore.for_url(node_role(admin_connection, database_url, role))
     try:
         churn(guest, MIN_DEAD_ROWS)
         dead_rows_counted(database_url)

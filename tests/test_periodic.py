@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from scrapyd_pgqueue import cli
-from scrapyd_pgqueue.periodic import MAX_SLEEP, MIN_SLEEP, PeriodicFirer
+from scrapyd_pgqueue.node.periodic import MAX_SLEEP, MIN_SLEEP, PeriodicFirer
 from scrapyd_pgqueue.store import (
     InvalidScheduleError,
     JobStore,
@@ -77,6 +77,7 @@ def test_cron_is_read_in_its_time_zone_across_a_daylight_saving_change():
         (Timing(), "not both or neither"),
         (Timing(every_seconds=0.5), "at least 1 second"),
         (Timing(every_seconds=float("inf")), "must be a number of seconds"),
+        (Timing(every_seconds=1e300), "at most 315360000 seconds"),
     ],
 )
 def test_bad_timings_are_refused_with_the_reason(timing, message):

@@ -8,6 +8,7 @@ every ``schedule.json`` answered ``ok``.
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 import threading
 import time
@@ -16,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import devdb
-from helpers import database_with_secret_owner, jobs, query, runs, runs_of, schedule, wait_for
+from scrapyd_pgqueue.local import devdb
+from helpers import database_with_secret_owner, jobs, query, runs, runs_of, schedule, timed, wait_for
 
 FAST = {"max_proc": "2", "poll_interval": "1", "heartbeat_interval": "1", "lease_seconds": "5",
         "finished_to_keep": "1000"}
@@ -137,7 +138,7 @@ def test_six_nodes_through_pgbouncer_run_every_job_once_cancel_deploy_and_surviv
     assert len(bouncer_ports) <= 20  # PgBouncer's pool, whatever the number of nodes
 
 
-def test_twenty_idle_then_busy_nodes_stay_within_three_connections_each(database, start_cluster, tmp_path):
+def test_twenty_idle_then_busy_nodes_stay_within_four_connections_each(database, start_cluster, tmp_path):
     url, admin_url = database
     cluster = start_cluster(url, 20, max_proc="2", poll_interval="1", heartbeat_interval="1")
     nodes = cluster.nodes
@@ -160,7 +161,55 @@ def test_twenty_idle_then_busy_nodes_stay_within_three_connections_each(database
     print(f"20 nodes: peak {idle_peak} connections idle, {sampler.peak_total} busy; by name {sampler.peak}")
     assert [answer["status"] for answer in answers] == ["ok"] * 100
     assert sorted(run["job"] for run in runs(tmp_path)) == names
-    assert sampler.peak_total <= 20 * 3
-    for node in nodes:  # the pool, 2 at most, and one listener, per node; crawls open none
+    assert sampler.peak_total <= 20 * 4
+    for node in nodes:  # the pool, 2 at most, one listener and the lease's own, per node; crawls open none
         assert sampler.peak.get(f"scrapyd-pgqueue {node.name}", 0) <= 2, sampler.peak
         assert sampler.peak.get(f"scrapyd-pgqueue-listener {node.name}", 0) <= 1, sampler.peak
+        assert sampler.peak.get(f"scrapyd-pgqueue-lease {node.name}", 0) <= 1, sampler.peak
+
+
+def test_a_postgres_restart_behind_pgbouncer_costs_clients_a_wait_never_an_error(bounced, start_cluster):
+    bounced_url, _, admin_url, server, _ = bounced
+    nodes = start_cluster(bounced_url, 3, **FAST).nodes
+    answers = []  # (node, endpoint, seconds, answer) of every request, before, during and after the restart
+    scheduled = []
+    stopping = threading.Event()
+
+    def client(node):  # one client per node, one request after another, as a user's script would
+        for i in itertools.count():
+            if stopping.wait(0.5 if i else 0):  # paced: a round of requests every half second or so
+                return
+            job = f"{node.name}-{i:03}"
+            requests = [("post", "schedule.json", {"project": "example", "spider": "sleeper", "jobid": job,
+                                                   "seconds": "0.1"}),
+                        ("get", "listjobs.json", {"project": "example"}), ("get", "daemonstatus.json", {}),
+                        ("get", "listprojects.json", {})]
+            for method, endpoint, params in requests:
+                seconds, answer = timed(node, method, endpoint, timeout=90, **params)
+                answers.append((node.name, endpoint, seconds, answer))
+                if endpoint == "schedule.json" and answer["status"] == "ok":
+                    scheduled.append(job)
+
+    clients = [threading.Thread(target=client, args=(node,)) for node in nodes]
+    for thread in clients:
+        thread.start()
+    wait_for(lambda: len(answers) >= 24, 60, "a few rounds of requests before the restart")
+    server.restart()
+    restarted = len(answers)
+    time.sleep(25)  # PgBouncer's server_login_retry (15 s) and then some: the clients keep asking meanwhile
+    stopping.set()
+    for thread in clients:
+        thread.join(120)
+
+    # A refusal (the server shutting down or starting up, PgBouncer's server_login_retry) is waited for, a statement
+    # the shutdown ended (it did not commit) is sent again, and a read that lost its connection reads again.
+    errors = [answer for answer in answers if answer[3]["status"] != "ok"]
+    assert errors == []
+    assert len(answers) > restarted + 12, "requests after the restart"
+    logs = "".join(node.logfile.read_text() for node in nodes)
+    # The refusals happened, and were waited for.
+    waits = ("refused a statement (it did not run), waiting", "refused a connection, waiting",
+             "ended a statement (it did not commit), waiting")
+    assert any(wait in logs for wait in waits)
+    print(f"{len(answers)} answers, {len(errors)} errors, the slowest {max(answer[2] for answer in answers):.1f} s")
+    assert sorted(jobs(admin_url, *scheduled)) == sorted(scheduled)  # every job answered ok is stored, once

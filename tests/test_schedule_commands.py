@@ -170,7 +170,8 @@ def test_a_limited_spider_never_overlaps_beyond_its_limit_while_others_fill_the_
                                                                   "RANDOMIZE_DOWNLOAD_DELAY": "False"}}
               for i in range(40)]
     body = json.dumps({"project": "example", "jobs": sleepers + quotes})
-    answer = requests.post(f"{cluster.nodes[0].url}schedule_batch.json", data=body, timeout=60).json()
+    answer = requests.post(f"{cluster.nodes[0].url}schedule_batch.json", data=body, timeout=60,
+                           headers={"Content-Type": "application/json"}).json()
     assert answer["status"] == "ok", answer
 
     def running():

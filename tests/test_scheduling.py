@@ -39,11 +39,17 @@ def test_run_at_takes_iso_8601_with_an_offset_or_unix_seconds():
         ({"_retries": "-1"}, "retries must be between"),
         ({"_delay": "nan"}, "delay must be a finite number"),
         ({"_retry_delay": "-3"}, "retry_delay must be between"),
+        ({"_unique_scope": "tree"}, "unique_scope tree needs a unique_key"),
     ],
 )
 def test_bad_scheduling_fields_are_refused_with_the_reason(fields, message):
     with pytest.raises(RefusedJob, match=message):
         options_from_fields(fields)
+
+
+def test_a_root_may_carry_a_tree_scoped_key():
+    options = options_from_fields({"_unique_key": "home", "_unique_scope": "tree"})
+    assert (options.parent, options.unique_key, options.unique_scope) == (None, "home", "tree")
 
 
 def test_a_batch_job_takes_the_same_options_and_they_never_reach_the_spider():
@@ -111,6 +117,20 @@ def test_keep_error_and_a_running_job_with_the_same_key(database_url):
     assert [c.job for c in claim(store).jobs] == [first.job]
     running_too = store.enqueue("p", {"name": "s", "_job": "d"}, options=JobOptions(unique_key="k"))
     assert (running_too.job, running_too.existing) == ("d", False)  # a running job does not hold its key
+
+
+def test_keep_and_error_in_a_batch_beside_jobs_without_a_key(database_url):
+    """A held key with keep or error, batched with jobs that have no key: kept, or refused with the reason."""
+    store = JobStore.for_url(database_url)
+    store.enqueue("p", {"name": "s", "_job": "a", "v": "1"}, options=JobOptions(unique_key="k", delay=60))
+    keep = JobOptions(unique_key="k", on_conflict="keep")
+    kept, plain = store.enqueue_many("p", [({"name": "s", "_job": "b", "v": "2"}, 0, keep),
+                                           ({"name": "s", "_job": "plain"}, 0)])
+    assert (kept.job, kept.existing, plain.job, plain.existing) == ("a", True, "plain", False)
+    with pytest.raises(DuplicateJobError, match="job 1: unique_key 'k' is held by waiting job 'a'"):
+        store.enqueue_many("p", [({"name": "s", "_job": "other"}, 0),
+                                 ({"name": "s", "_job": "c"}, 0, JobOptions(unique_key="k", on_conflict="error"))])
+    assert query(database_url, "SELECT job, message->>'v' FROM spider_job ORDER BY id") == [("a", "1"), ("plain", None)]
 
 
 def test_a_failing_job_is_retried_with_backoff_then_dead_and_requeued(database_url):

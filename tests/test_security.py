@@ -1,29 +1,58 @@
-"""Least privilege and secrets: nodes run as a role that cannot change the schema; no password or environment
-is ever stored or logged."""
+"""Least privilege and secrets: nodes run as the node role `scrapyd-pgqueue grant` makes, which cannot change the
+schema, reach the database host or read another database, even from a hostile spider; a node with a stronger role
+says so at start-up; no password or environment is ever stored or logged."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psycopg2
 import pytest
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.cluster import LocalCluster
-from helpers import query
+from scrapyd_pgqueue.local.cluster import NODE_CONFIG, LocalCluster
+from helpers import jobs, query, wait_for
 
 PASSWORD = "node-s3cret-pw"
-# The grants of the README's "Database roles" section, for a node role on a database its owner migrated.
-NODE_GRANTS = """
-    GRANT CONNECT ON DATABASE {database} TO {node};
-    GRANT USAGE ON SCHEMA public TO {node};
-    GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {node};
-    GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {node};
+COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
+WARNING = "This node's database role has more rights than a node needs"
+# Nodes that also bake in the intruder project (example.intruder_settings).
+INTRUDER_CONFIG = NODE_CONFIG.read_text().rstrip("\n") + "\nintruder = example.intruder_settings\n"
+# Every privilege of a role in the database: on the queue's objects, by default, on the schema and the database.
+PRIVILEGES = """
+    SELECT 'relation', c.relname, c.relacl::text FROM pg_class AS c
+    WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'S')
+    UNION ALL SELECT 'function', p.proname, p.proacl::text FROM pg_proc AS p WHERE p.pronamespace = 'public'::regnamespace
+    UNION ALL SELECT 'default', d.defaclobjtype::text, d.defaclacl::text FROM pg_default_acl AS d
+    UNION ALL SELECT 'schema', n.nspname, n.nspacl::text FROM pg_namespace AS n WHERE n.nspname = 'public'
+    UNION ALL SELECT 'database', d.datname, d.datacl::text FROM pg_database AS d WHERE d.datname = current_database()
+    UNION ALL SELECT 'role', r.rolname, concat_ws(' ', r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolcanlogin)
+    FROM pg_roles AS r WHERE r.rolname = %s
+    ORDER BY 1, 2
 """
+
+
+def scrapyd_pgqueue(*args, database_url, expect=0, **env):
+    """The console script, the database URL (and any other secret) in its environment, as the compose file runs it."""
+    environment = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
+    result = subprocess.run([COMMAND, *args], env={**environment, "SCRAPYD_DATABASE_URL": database_url, **env},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def migrate_and_grant(roles) -> None:
+    """What the compose file's one-shot migrate service does, as the schema's owner; the node role exists already
+    with its password (setting one needs CREATEROLE, which the owner has not)."""
+    scrapyd_pgqueue("migrate", database_url=roles["owner_url"])
+    scrapyd_pgqueue("grant", roles["node"], database_url=roles["owner_url"])
 
 
 @pytest.fixture
@@ -39,18 +68,14 @@ def roles(postgres_server):
     return {
         "database": database,
         "node": node,
+        "superuser_url": base.render_as_string(hide_password=False),
         "owner_url": base.set(username=owner, password="owner-pw").render_as_string(hide_password=False),
         "node_url": base.set(username=node, password=PASSWORD).render_as_string(hide_password=False),
     }
 
 
 def test_a_node_runs_as_a_role_that_cannot_change_the_schema(roles, tmp_path):
-    migrate = subprocess.run(
-        [sys.executable, "-m", "scrapyd_pgqueue.cli", "migrate", "--database-url", roles["owner_url"]],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert migrate.returncode == 0, migrate.stderr
-    query(roles["owner_url"], NODE_GRANTS.format(database=roles["database"], node=roles["node"]))
+    migrate_and_grant(roles)
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):
         query(roles["node_url"], "CREATE TABLE intruder (id int)")
 
@@ -68,6 +93,7 @@ def test_a_node_runs_as_a_role_that_cannot_change_the_schema(roles, tmp_path):
     log = node.logfile.read_text(errors="replace")
     assert "permission denied" not in log
     assert PASSWORD not in log
+    assert WARNING not in log
 
     stored = query(roles["owner_url"], "SELECT spider_job::text FROM spider_job") + query(
         roles["owner_url"], "SELECT scrapyd_node::text FROM scrapyd_node"
@@ -83,3 +109,84 @@ def test_a_role_that_cannot_migrate_an_old_schema_gets_told_what_to_run(roles):
     message = str(raised.value)
     assert "run `scrapyd-pgqueue migrate` once as the schema's owner" in message
     assert PASSWORD not in message
+
+
+def test_grant_creates_a_node_role_with_exactly_a_node_s_rights_and_a_second_run_changes_nothing(roles):
+    scrapyd_pgqueue("migrate", database_url=roles["owner_url"])
+    node = f"fresh_{uuid.uuid4().hex[:8]}"  # created by grant (run as a superuser here: the owner may not create roles)
+    first = scrapyd_pgqueue("grant", node, database_url=roles["superuser_url"], SCRAPYD_NODE_PASSWORD=PASSWORD)
+    assert f"Role {node} may use the queue" in first.stdout and first.stderr == ""
+    privileges = query(roles["owner_url"], PRIVILEGES, (node,))
+    scrapyd_pgqueue("grant", node, database_url=roles["superuser_url"], SCRAPYD_NODE_PASSWORD=PASSWORD)
+    assert query(roles["owner_url"], PRIVILEGES, (node,)) == privileges
+
+    granted = {(kind, name): acl for kind, name, acl in privileges}
+    assert granted[("role", node)] == "f f f t"  # superuser, createrole, createdb: no; login: yes
+    tables = [name for kind, name in granted if kind == "relation" and not name.endswith("_seq")]
+    assert {"spider_job", "project_egg", "spider_job_maintenance", db.VERSION_TABLE} <= set(tables)
+    for name in tables:
+        rights = "r" if name == db.VERSION_TABLE else "arwd"  # SELECT only on the version table; no TRUNCATE ...
+        assert f"{node}={rights}/" in granted[("relation", name)], (name, granted[("relation", name)])
+    assert all(f"{node}=U/" in acl for (kind, name), acl in granted.items() if name.endswith("_seq"))
+    assert all(f"{node}=X/" in acl for (kind, _), acl in granted.items() if kind == "function")
+    assert f"{node}=U/" in granted[("schema", "public")]  # USAGE, not CREATE
+    assert f"{node}=c/" in granted[("database", roles["database"])]  # CONNECT
+    # What later migrations create (as the owner) is covered too.
+    query(roles["owner_url"], "CREATE TABLE later_migration (id serial)")
+    assert query(roles["superuser_url"], "SELECT has_table_privilege(%s, 'later_migration', 'INSERT')", (node,)) == [
+        (True,)]
+
+
+def test_grant_refuses_the_owner_or_a_superuser_and_names_a_right_the_role_keeps(roles):
+    scrapyd_pgqueue("migrate", database_url=roles["owner_url"])
+    owner = make_url(roles["owner_url"]).username
+    refused = scrapyd_pgqueue("grant", owner, database_url=roles["owner_url"], expect=2)
+    assert "owns the queue's schema or tables" in refused.stderr
+    superuser = make_url(roles["superuser_url"]).username
+    refused = scrapyd_pgqueue("grant", superuser, database_url=roles["superuser_url"], expect=2)
+    assert "is a superuser" in refused.stderr
+    # A right the role gets from elsewhere (PUBLIC's CREATE on public, as on Postgres 14 and older) is named.
+    query(roles["superuser_url"], "GRANT CREATE ON SCHEMA public TO PUBLIC")
+    warned = scrapyd_pgqueue("grant", roles["node"], database_url=roles["owner_url"], expect=1)
+    assert f"'{roles['node']}' may create objects in the queue's schema" in warned.stderr
+
+
+def test_a_cluster_on_the_node_role_runs_jobs_and_its_spiders_cannot_break_out(roles, start_cluster, tmp_path):
+    migrate_and_grant(roles)
+    # Another database on the same server, with a table the nodes have no business reading.
+    other = f"other_{uuid.uuid4().hex[:8]}"
+    query(roles["superuser_url"], f"CREATE DATABASE {other}")
+    query(make_url(roles["superuser_url"]).set(database=other).render_as_string(hide_password=False),
+          "CREATE TABLE secret AS SELECT 'the crown jewels' AS jewel")
+    marker = tmp_path / "copy-to-program-ran"
+
+    cluster = start_cluster(roles["node_url"], 2, base_config=INTRUDER_CONFIG)
+    node1, node2 = cluster.nodes
+    for index in range(6):
+        (node1 if index % 2 else node2).post("schedule.json", project="example", spider="quotes", jobid=f"q{index}")
+    answer = node1.post("schedule.json", project="intruder", spider="intruder", jobid="intruder",
+                        marker=str(marker), other_database=other)
+    assert answer["status"] == "ok", answer
+    wait_for(lambda: all(state[:2] == ("terminated", "finished") for state in jobs(roles["owner_url"]).values()), 90,
+             "every job to finish")
+    assert len(jobs(roles["owner_url"])) == 7
+
+    [record] = [json.loads(line) for line in (tmp_path / "records" / "intrusions.jsonl").read_text().splitlines()]
+    results = record["results"]
+    assert results["read_queue"] == "ok", results  # the URL it found is the node's, which works
+    assert results["create_table"].startswith("42501"), results  # insufficient_privilege
+    assert results["drop_queue"].startswith("42501"), results  # must be owner
+    assert results["copy_to_program"].startswith("42501"), results
+    assert results["read_other_database"].startswith(("42501", "no connection")), results
+    assert not marker.exists()
+    for node in cluster.nodes:
+        log = node.logfile.read_text(errors="replace")
+        assert WARNING not in log and "permission denied" not in log and PASSWORD not in log
+
+
+def test_a_node_whose_role_is_a_superuser_warns_once_at_start_up(database_url, start_cluster):
+    (node,) = start_cluster(database_url, 1).nodes  # the suite's server's own superuser
+    node.post("schedule.json", project="example", spider="quotes")  # more queues: still one warning
+    log = wait_for(lambda: (text := node.logfile.read_text()) and WARNING in text and text, 30, "the warning")
+    assert log.count(WARNING) == 1
+    assert "is a superuser (COPY ... TO PROGRAM" in log and "scrapyd-pgqueue grant ROLE" in log

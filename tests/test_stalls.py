@@ -4,7 +4,8 @@ A stall (every Postgres process stopped with SIGSTOP, as a storage stall or a VM
 not a death: no job is taken over and none runs twice. A node cut off from the database (a TCP forwarder in front
 of Postgres that stops forwarding, without closing anything) loses its jobs to the others after the lease; with
 ``on_lease_lost = stop`` its crawls are gone before the others start theirs. What counts is what the crawls
-record themselves (runs.jsonl) and which of their processes are alive, sampled by the test.
+record themselves (runs.jsonl) and which of their processes are alive, sampled by the test. During a stall a node's
+HTTP never freezes: daemonstatus.json and alive.json answer within a second while other requests wait.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import time
 
 import pytest
 
-from scrapyd_pgqueue.devdb import free_port
-from helpers import jobs, runs, runs_of, schedule, timed, wait_for
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.local.devdb import free_port
+from scrapyd_pgqueue.store import ClusterStore, JobStore
+from scrapyd_pgqueue.offload import WEB_THREADS
+from helpers import health, jobs, query, runs, runs_of, schedule, timed, wait_for
 
 # Short leases and timings, so that a stall or cut of two leases takes seconds: with a lease of 6 s, stop sends
 # SIGTERM after 6 - 2 - 1 = 3 s without a renewed lease, SIGKILL 1 s later, 2 s before the lease expires on the
@@ -169,6 +173,74 @@ def test_a_stall_longer_than_the_lease_runs_nothing_twice_and_a_schedule_during_
     assert sorted(run["job"] for run in runs(tmp_path)) == sorted(names)  # each crawl ran exactly once
 
 
+# Requests that wait for the database, more than the node's web threads: the pool is full during the stall.
+WAITING_REQUESTS = [
+    ("listjobs.json", {}), ("status.json", {"job": "nope"}), ("listversions.json", {"project": "example"}),
+    ("listperiodic.json", {}), ("tree.json", {"project": "example", "job": "nope"}),
+    ("listjobs.json", {"project": "example"}),
+]
+
+
+def test_during_a_stall_daemonstatus_and_the_liveness_check_answer_within_a_second_and_other_requests_wait(
+    stoppable_database, start_cluster
+):
+    url, admin_url, server = stoppable_database
+    [node] = start_cluster(url, 1, username="operator", password="stall-s3cret", **FAST).nodes
+    assert len(WAITING_REQUESTS) > WEB_THREADS
+    waited = []  # (endpoint, seconds, answer, answered after the stall)
+    quick = []  # (endpoint, seconds, answer)
+    checks = {}
+
+    def wait_for_the_database(endpoint, params):
+        seconds, answer = timed(node, "get", endpoint, timeout=2 * OUTAGE + 60, **params)
+        waited.append((endpoint, seconds, answer, not stalled.is_set()))
+
+    def run_health_checks():
+        checks["alive"], checks["ready"] = health(node), health(node, "--ready")
+
+    stalled = threading.Event()
+    with server.paused():
+        stalled.set()
+        stalled_at = time.monotonic()
+        threads = [threading.Thread(target=wait_for_the_database, args=request) for request in WAITING_REQUESTS]
+        threads.append(threading.Thread(target=run_health_checks))
+        for thread in threads:
+            thread.start()
+        while time.monotonic() - stalled_at < OUTAGE:
+            for endpoint in ("daemonstatus.json", "alive.json"):
+                quick.append((endpoint, *timed(node, "get", endpoint, timeout=10)))
+        stalled.clear()
+    for thread in threads:
+        thread.join(2 * OUTAGE + 60)
+    slowest = {endpoint: max(seconds for name, seconds, _ in quick if name == endpoint)
+               for endpoint in ("daemonstatus.json", "alive.json")}
+    print(f"stall of {OUTAGE:g}s, database_timeout {DATABASE_TIMEOUT:g}s: {len(quick)} quick answers, slowest "
+          f"{slowest}; waiting requests answered in {sorted(round(seconds, 1) for _, seconds, _, _ in waited)} s")
+
+    for endpoint, seconds, answer in quick:
+        assert seconds < 1.0, (endpoint, seconds, answer)
+        if endpoint == "alive.json":
+            assert answer == {"status": "ok", "node_name": "node1"}
+        else:  # said, not hung: not ready, and why
+            assert answer["status"] == "error" and answer["message"].startswith("the job queue is unavailable: ")
+            assert answer["database"] == "unreachable" and answer["running"] == 0, answer
+    assert checks["alive"].returncode == 0, checks["alive"].stderr
+    assert checks["ready"].returncode == 1 and "unavailable" in checks["ready"].stderr
+
+    assert len(waited) == len(WAITING_REQUESTS)
+    for endpoint, seconds, answer, after_the_stall in waited:
+        assert seconds > 1.0, (endpoint, seconds, answer)  # they did wait for the database
+        assert answer["status"] == "error" or after_the_stall, (endpoint, answer)
+
+    # After the stall, everything answers normally.
+    wait_for(lambda: node.get("daemonstatus.json", timeout=5)["status"] == "ok", DATABASE_TIMEOUT + 10,
+             "daemonstatus.json to be ok again")
+    for endpoint, params in WAITING_REQUESTS:
+        answer = node.get(endpoint, timeout=10, **params)
+        assert answer["status"] == "ok" or answer["message"] == "job 'nope' not found in project 'example'", answer
+    assert health(node, "--ready").returncode == 0
+
+
 def test_with_stop_a_stall_longer_than_the_lease_stops_the_crawls_and_runs_them_again_never_two_at_once(
     stoppable_database, start_cluster, tmp_path, watch
 ):
@@ -248,3 +320,24 @@ def test_a_node_cut_off_longer_than_the_lease(database, start_cluster, tmp_path,
     schedule(cut, "after-heal", seconds="0")
     wait_for(lambda: runs_of(tmp_path, "after-heal"), 60, "the cut node to run a new job")
     assert runs_of(tmp_path, "after-heal")[0]["node"] == "cut1"
+
+
+def test_a_cancel_answered_error_during_a_stall_never_takes_effect_later(stoppable_database):
+    """As schedule.json's: the cancel reaches the server, which runs it once it resumes, after the caller's time."""
+    url, admin_url, server = stoppable_database
+    store, cluster = JobStore.for_url(url), ClusterStore.for_url(url)
+    store.enqueue("p", {"name": "s", "_job": "running"})
+    store.claim_next_jobs(["p"], 1, node="n", worker="w")
+    store.enqueue("p", {"name": "s", "_job": "waiting"})
+    rows = "SELECT * FROM spider_job ORDER BY id"
+    before = query(admin_url, rows)
+    backends = "SELECT pid FROM pg_stat_activity WHERE application_name = 'scrapyd-pgqueue'"
+    for job in ("waiting", "running"):
+        cluster.job_status(job, "p")  # a pooled connection is open: the cancel is sent on it, into the stall
+        open_before = len(query(admin_url, backends))
+        with server.paused(), pytest.raises(db.DatabaseError, match="no answer within 2 s"), db.deadline(2):
+            cluster.cancel_job("p", job, "KILL")
+        # The client closed that connection; its server process ends once it has run what it received.
+        wait_for(lambda: len(query(admin_url, backends)) < open_before, 30, "the late cancel to have run")
+        assert query(admin_url, rows) == before, f"the cancel of job {job!r} answered an error, then took effect"
+    assert cluster.cancel_job("p", "running", "KILL") == "running"  # in time, it does

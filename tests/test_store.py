@@ -1,24 +1,14 @@
 """The store's claim under real concurrency: separate OS processes against one table."""
 
 import datetime
-import multiprocessing
-import time
 
 from sqlalchemy import text
 
 from scrapyd_pgqueue.store import JobStore
+from helpers import claim_in_processes
 
 CLAIMERS = 8
 JOBS = 5000
-
-
-def _claim_until_empty(url, worker, start_at, results):
-    store = JobStore.for_url(url)
-    time.sleep(max(0.0, start_at - time.time()))  # start all together
-    claimed = []
-    while batch := store.claim_next_jobs(None, 1, node=f"node-{worker}", worker=f"w{worker}"):
-        claimed.extend(job.job for job in batch)
-    results.put(claimed)
 
 
 def test_concurrent_processes_claim_every_job_exactly_once(database_url, admin_connection):
@@ -26,21 +16,9 @@ def test_concurrent_processes_claim_every_job_exactly_once(database_url, admin_c
     for i in range(JOBS):
         store.enqueue(f"project{i % 3}", {"name": "s", "_job": f"job{i}"}, priority=i % 7)
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    start_at = time.time() + 3
-    processes = [
-        context.Process(target=_claim_until_empty, args=(database_url, worker, start_at, results))
-        for worker in range(CLAIMERS)
-    ]
-    for process in processes:
-        process.start()
-    per_worker = [results.get(timeout=300) for _ in processes]
-    elapsed = time.time() - start_at
-    for process in processes:
-        process.join(30)
+    per_worker, elapsed = claim_in_processes(database_url, CLAIMERS, "spawn")
 
-    claimed = [job for jobs in per_worker for job in jobs]
+    claimed = [job for jobs in per_worker for job, _ in jobs]
     print(f"{CLAIMERS} processes claimed {len(claimed)} jobs in {elapsed:.2f}s ({len(claimed) / elapsed:.0f}/s)")
     assert len(claimed) == JOBS  # no loss
     assert len(set(claimed)) == JOBS  # no duplicate
@@ -91,7 +69,7 @@ def test_a_small_project_behind_a_large_backlog_is_claimed_from_its_own_index(da
         cursor.execute("LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; "
                        "SET auto_explain.log_nested_statements = on; SET client_min_messages = log")
         cursor.execute("BEGIN")
-        cursor.execute("SELECT * FROM claim_spider_jobs(ARRAY['small'], 1, 'n', 'w', now()::timestamp, 'c')")
+        cursor.execute("SELECT * FROM claim_spider_jobs(ARRAY['small'], 1, 'n', 'w', 'c')")
         cursor.execute("ROLLBACK")
     [plan] = [notice for notice in admin_connection.notices if "UPDATE spider_job" in notice]
     assert "spider_job_pending_project_idx" in plan, plan

@@ -115,3 +115,72 @@ def test_cancelling_a_tree_leaves_nothing_of_it_waiting_or_running(database_url)
     tree = cluster.tree("p", "r")
     assert tree.done and tree.cancelled and tree.by_state == {"finished": 5}
     assert claim_all(store) == [] and tree.completion_job is None  # a cancelled tree's completion never runs
+
+
+def test_a_roots_tree_scoped_key_is_taken_in_the_tree_it_starts(database_url):
+    store, cluster = JobStore.for_url(database_url), ClusterStore.for_url(database_url)
+    home = JobOptions(unique_key="home", unique_scope="tree")
+    root = store.enqueue("p", {"name": "root", "_job": "r"}, options=home)
+    assert root.existing is False
+    [claimed] = claim_all(store)
+    # A page deep in the tree links back to the start page: the root has it, no new job.
+    [child] = store.enqueue_many("p", children("r", "a"))
+    back = store.enqueue_many("p", children(child.job, "home") + children("r", "home"))
+    assert [(e.job, e.existing) for e in back] == [("r", True), ("r", True)]
+    assert query(database_url, "SELECT job FROM spider_job ORDER BY id") == [("r",), ("r-a-0",)]
+    # Another root with the same key starts a tree of its own, where the key is its own.
+    other = store.enqueue("p", {"name": "root", "_job": "r2"}, options=home)
+    assert store.enqueue_many("p", children("r2", "home"))[0].job == "r2" and other.existing is False
+    tree = cluster.tree("p", "r")
+    assert (tree.total, tree.open, tree.completion_job) == (2, 2, None)  # no _on_complete: none
+    for job in [claimed, *claim_all(store)]:  # r, then r-a-0 and r2
+        finish(store, job)
+    assert cluster.tree("p", "r").done and cluster.tree("p", "r2").done
+
+
+def test_a_tree_past_its_cap_refuses_the_next_child_and_goes_on(database_url):
+    capped = JobStore(JobStore.for_url(database_url).engine, tree_max_jobs=3)
+    capped.enqueue("p", {"name": "root", "_job": "r"})
+    capped.enqueue("p", {"name": "root", "_job": "other"})
+    capped.enqueue_many("p", children("r", "a"))
+    with pytest.raises(InvalidJobError, match=r"the tree of root job 'r' has 2 jobs and may have at most 3 "
+                                              r"\(tree_max_jobs\): 2 more refused \(1 would fit\)"):
+        capped.enqueue_many("p", children("r", "b", "c"))  # all or none
+    assert capped.enqueue_many("p", children("r", "a", "b"))[0].existing  # a known key costs no room
+    with pytest.raises(InvalidJobError, match="'r' has 3 jobs and may have at most 3"):
+        capped.enqueue_many("p", children("r-b-1", "d"))  # from any job of the tree
+    # The tree goes on; other trees are not touched; the refused keys are free.
+    assert capped.enqueue_many("p", children("other", "b", "c"))[1].existing is False
+    [tree] = query(database_url, "SELECT total, open_jobs FROM spider_tree WHERE root_job = 'r'")
+    assert tree == (3, 3)
+    assert query(database_url, "SELECT count(*) FROM spider_tree_key AS k JOIN spider_tree AS t "
+                               "ON t.root_id = k.tree_id WHERE t.root_job = 'r'") == [(2,)]
+    for claimed in claim_all(capped):
+        finish(capped, claimed)
+    assert ClusterStore.for_url(database_url).tree("p", "r").done
+
+
+def test_two_schedules_at_once_into_a_tree_with_room_for_one_store_one(database_url):
+    capped = JobStore(JobStore.for_url(database_url).engine, tree_max_jobs=3)
+    for attempt in range(10):
+        root = f"r{attempt}"
+        capped.enqueue("p", {"name": "root", "_job": root})
+        capped.enqueue_many("p", children(root, "a"))  # 2 jobs: room for one more
+        barrier = threading.Barrier(2)
+        outcomes = []
+
+        def schedule(key):
+            barrier.wait()
+            try:
+                capped.enqueue_many("p", children(root, key))
+                outcomes.append("stored")
+            except InvalidJobError:
+                outcomes.append("refused")
+
+        threads = [threading.Thread(target=schedule, args=(key,)) for key in ("b", "c")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(outcomes) == ["refused", "stored"]
+        assert query(database_url, "SELECT total FROM spider_tree WHERE root_job = %s", (root,)) == [(3,)]

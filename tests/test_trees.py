@@ -16,7 +16,9 @@ import select
 import signal
 import time
 
-from scrapyd_pgqueue.cluster import NODE_CONFIG
+import requests
+
+from scrapyd_pgqueue.local.cluster import NODE_CONFIG
 from scrapyd_pgqueue.store import TREES_CHANNEL
 from helpers import SiteServer, connect, ends, generate_site, query, runs, wait_for
 
@@ -42,7 +44,9 @@ def summaries(tmp_path) -> list[dict]:
 
 
 def schedule_root(node, site, summary_node=None):
-    fields = {"project": "trees", "spider": "explore", "jobid": "root", "site": site.url}
+    # The root holds its section's key in its tree: pages linking back home get the root's job id.
+    fields = {"project": "trees", "spider": "explore", "jobid": "root", "site": site.url,
+              "_unique_key": "section:0", "_unique_scope": "tree"}
     if summary_node is not None:
         fields.update(_on_complete="tree_summary", _on_complete_args=json.dumps({"node": summary_node.url}))
     answer = node.post("schedule.json", **fields)
@@ -244,3 +248,34 @@ def test_the_last_two_children_ending_at_the_same_instant_on_two_nodes_complete_
     print(f"\nchildren ended {spread * 1000:.0f} ms apart on {children['left']['node']} and "
           f"{children['right']['node']}; completion started "
           f"{completion['started'] - max(end['ended'] for end in children.values()):.2f}s after the last")
+
+
+def test_a_tree_at_its_cap_refuses_the_next_child_over_http_and_ends_as_usual(database, start_cluster):
+    """tree_max_jobs = 3 on the node: the fourth job of a tree is refused with the reason, at schedule.json and
+    schedule_batch.json; a key the tree has (the root's own) still answers; other trees are not touched."""
+    url, admin_url = database
+    (node,) = start_cluster(url, 1, tree_max_jobs="3").nodes
+    sleeper = {"project": "example", "spider": "sleeper", "seconds": "0"}
+    assert node.post("schedule.json", **sleeper, jobid="root", _unique_key="home",
+                     _unique_scope="tree")["status"] == "ok"
+    for child, parent in (("a", "root"), ("b", "a")):
+        assert node.post("schedule.json", **sleeper, jobid=child, _parent=parent)["status"] == "ok"
+    reason = ("the tree of root job 'root' has 3 jobs and may have at most 3 (tree_max_jobs): 1 more refused "
+              "(0 would fit)")
+    assert node.post("schedule.json", **sleeper, jobid="c", _parent="b") == {
+        "status": "error", "message": reason, "node_name": "node1"}
+    batch = requests.post(f"{node.url}schedule_batch.json", timeout=30, json=
+                          {"project": "example", "jobs": [{"spider": "sleeper", "jobid": "d", "parent": "root"}]})
+    assert batch.json() == {"status": "error", "message": reason, "node_name": "node1"}
+    # The start page, linked back to from deep in the tree: the root's job id, no new job.
+    assert node.post("schedule.json", **sleeper, _parent="b", _unique_key="home", _unique_scope="tree") == {
+        "status": "ok", "jobid": "root", "existing": True, "node_name": "node1"}
+    assert node.post("schedule.json", **sleeper, jobid="other-child", _parent="other")["message"] == (
+        "parent job 'other' not found in project 'example'")
+    assert node.post("schedule.json", **sleeper, jobid="other")["status"] == "ok"
+    assert node.post("schedule.json", **sleeper, jobid="other-child", _parent="other")["status"] == "ok"
+
+    tree = wait_for(lambda: (t := node.get("tree.json", project="example", job="root"))["done"] and t, 60,
+                    "the capped tree to end")
+    assert (tree["total"], tree["outcomes"]) == (3, {"finished": 3})
+    assert query(admin_url, "SELECT job FROM spider_job WHERE job IN ('c', 'd')") == []

@@ -12,6 +12,7 @@ afterwards: each way must have stored exactly what it was given.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ def _job(prefix: str, index: int) -> dict:
 
 
 def run(ctx: Context) -> dict:
-    from scrapyd_pgqueue.cluster import LocalCluster
+    from scrapyd_pgqueue.local.cluster import LocalCluster
 
     sizes = SIZES[ctx.profile.name]
     series = {}
@@ -54,10 +55,10 @@ def run(ctx: Context) -> dict:
     with open(path, "w") as file:
         for index in range(sizes["enqueue"]):
             file.write(json.dumps(_job("file", index)) + "\n")
-    command = [str(Path(sys.executable).parent / "scrapyd-pgqueue"), "enqueue", "--database-url", ctx.database_url,
-               "--project", "example", str(path)]
+    command = [str(Path(sys.executable).parent / "scrapyd-pgqueue"), "enqueue", "--project", "example", str(path)]
+    env = {**os.environ, "SCRAPYD_DATABASE_URL": ctx.database_url}  # not on the command line (ps)
     series["enqueue"] = _timed(ctx, "file", sizes["enqueue"],
-                               lambda: subprocess.run(command, check=True, capture_output=True, timeout=1800))
+                               lambda: subprocess.run(command, env=env, check=True, capture_output=True, timeout=1800))
     ratios = {f"{name} / schedule.json": ratio(data["jobs_per_s"], series["schedule.json"]["jobs_per_s"])
               for name, data in series.items() if name != "schedule.json"}
     return {
@@ -85,7 +86,9 @@ def _post_batches(url: str, total: int) -> None:
     for start in range(0, total, BATCH):
         body = json.dumps({"project": "example",
                            "jobs": [_job("batch", i) for i in range(start, min(start + BATCH, total))]}).encode()
-        with urllib.request.urlopen(f"{url}schedule_batch.json", data=body, timeout=300) as response:
+        request = urllib.request.Request(f"{url}schedule_batch.json", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as response:
             answer = json.load(response)
         if answer.get("status") != "ok":
             raise RuntimeError(f"bulk: schedule_batch.json refused a batch: {answer.get('message')}")
@@ -107,22 +110,17 @@ def _timed(ctx: Context, prefix: str, jobs: int, work) -> dict:
 def format_table(result: dict) -> str:
     rows = [[name, report.number(data["jobs"]), report.number(data["seconds"], 2), report.number(data["jobs_per_s"])]
             for name, data in result["series"].items()]
-    return "\n".join([
+    return report.table_text(result, [
         report.heading("Bulk scheduling"),
         report.format_rows(["way in", "jobs", "seconds", "jobs/s"], rows),
         "",
-        report.format_rows(["ratio", "value"], [[name, report.number(value, 1)]
-                                                for name, value in result["ratios"].items()]),
+        report.format_ratios(result, digits=1),
         "",
-        report.format_targets(result["targets"]),
-        *(f"note: {note}" for note in result["notes"]),
     ])
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     figure, axes = plt.subplots(figsize=(7, 4))
     names = list(result["series"])
     axes.bar(names, [result["series"][name]["jobs_per_s"] for name in names])

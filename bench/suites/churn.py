@@ -299,7 +299,6 @@ def format_table(result: dict) -> str:
                        for path in CLAIM_PATHS for percentile in PERCENTILES]
     index_rows = [[name, *(report.megabytes(stages[stage]["table"]["index_bytes"].get(name)) for stage in STAGES)]
                   for name in fresh["table"]["index_bytes"]]
-    ratio_rows = [[name, report.number(value, 2)] for name, value in result["ratios"].items()]
     parameters = result["parameters"]
     lines = [
         report.heading("Churn"),
@@ -312,18 +311,14 @@ def format_table(result: dict) -> str:
         "",
         report.format_rows(["index", *STAGES], index_rows),
         "",
-        report.format_rows(["ratio (claim latency, sizes)", "value"], ratio_rows),
+        report.format_ratios(result, "ratio (claim latency, sizes)"),
         "",
-        report.format_targets(result["targets"]),
     ]
-    lines += [f"note: {note}" for note in result["notes"]]
-    return "\n".join(lines)
+    return report.table_text(result, lines)
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     samples = result["series"]["during_churn"]["samples"]
     jobs = [sample["jobs"] for sample in samples]
     figure, (tuples, sizes) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)

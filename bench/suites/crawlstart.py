@@ -40,7 +40,7 @@ START_TIME = "SELECT start_time FROM spider_job WHERE job = %s AND pid IS NOT NU
 
 
 def run(ctx: Context) -> dict:
-    from scrapyd_pgqueue.cluster import EXAMPLE_PROJECT, LocalCluster
+    from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
 
     egg = _build_egg(EXAMPLE_PROJECT, ctx.workdir / "crawlstart-egg")
     records = ctx.workdir / "crawlstart-records"
@@ -142,18 +142,14 @@ def format_table(result: dict) -> str:
         f"{result['parameters']['nodes_per_storage']} real nodes per egg storage; spawn -> spider created, in ms",
         report.format_rows(["egg storage", "jobs", "p50 ms", "p90 ms", "mean ms", "min ms", "max ms"], rows),
         "",
-        report.format_rows(["ratio", "value"], [[name, report.number(value, 2)]
-                                                for name, value in result["ratios"].items()]),
+        report.format_ratios(result),
         "",
-        report.format_targets(result["targets"]),
     ]
-    return "\n".join(lines + [f"note: {note}" for note in result["notes"]])
+    return report.table_text(result, lines)
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     figure, axes = plt.subplots(figsize=(7, 4))
     for name, data in result["series"].items():
         values = sorted(data["values_ms"])

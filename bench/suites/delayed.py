@@ -243,10 +243,10 @@ def explain_claims(url: str) -> dict:
     """The claim of one project and of the five, each statement it runs explained (ANALYZE, BUFFERS), rolled back:
     what it read."""
     from scrapyd_pgqueue.store import queue as store
-    from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, now
+    from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL
 
     statement = store.CLAIM_NEXT_JOBS
-    params = {"limit": 1, "node": "bench-delayed-explain", "worker": uuid.uuid4().hex, "now": now(),
+    params = {"limit": 1, "node": "bench-delayed-explain", "worker": uuid.uuid4().hex,
               "channel": NOTIFY_CHANNEL}
     explained = {}
     for name, projects in EXPLAINED:
@@ -375,7 +375,7 @@ def format_table(result: dict) -> str:
                            for scan in delayed_scans) or "-",
                 report.number(explained["execution_ms"], 3),
             ])
-    return "\n".join([
+    return report.table_text(result, [
         report.heading("Delayed"),
         f"one claimer; {parameters['latency_samples']:,} timed claims per path and state; {parameters['pending_jobs']:,} "
         f"pending jobs over {len(parameters['projects'])} projects kept constant; 'delayed': + "
@@ -395,8 +395,6 @@ def format_table(result: dict) -> str:
         report.format_rows(["table", "statement", "buffers", "read", "delayed idx", "delayed idx scans",
                             "exec ms"], explain_rows),
         "",
-        report.format_targets(result["targets"]),
-        *(f"note: {note}" for note in result["notes"]),
     ])
 
 

@@ -178,7 +178,7 @@ def format_table(result: dict) -> str:
             read_rows.append([f"{point['pending']:,}", f"{point['pending_in_project']:,}", name,
                               report.number(figures["p50_ms"], 2), report.number(figures["max_ms"], 2)])
     parameters = result["parameters"]
-    return "\n".join([
+    return report.table_text(result, [
         report.heading("Depth"),
         f"one claimer; {parameters['latency_samples']:,} timed claims per path and depth, backlog kept constant; "
         f"{len(parameters['projects'])} projects, 10 priority levels",
@@ -191,8 +191,6 @@ def format_table(result: dict) -> str:
         "PostgresSpiderQueue.count(), .list(), JobStore.list_pending(limit=100)",
         report.format_rows(["pending", "in project", "read", "p50 ms", "max ms"], read_rows),
         "",
-        report.format_targets(result["targets"]),
-        *(f"note: {note}" for note in result["notes"]),
     ])
 
 
@@ -202,10 +200,8 @@ def _latency_row(pending: int, path: str, figures: dict) -> list[str]:
             *(report.number(figures[key], 3) for key in ("p50_first_tenth_ms", "p50_last_tenth_ms"))]
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     latency = result["series"]["claim_latency"]["points"]
     reads = result["series"]["reads"]["points"]
     depths = [point["pending"] for point in latency]

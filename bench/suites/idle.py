@@ -628,7 +628,6 @@ def format_table(result: dict) -> str:
         headers.append("server stmt/s @5s")
     headers += [f"stmt/s @{parameters['simulated_poll_interval']:g}s sim", "ticks / window (on time)",
                 "xact unexplained"]
-    ratio_rows = [[name, report.number(value, 2)] for name, value in result["ratios"].items()]
     lines = [
         report.heading("Idle load"),
         f"K simulated idle nodes with P projects, empty queue: real poller objects ({parameters['max_proc']} free "
@@ -639,18 +638,14 @@ def format_table(result: dict) -> str:
         f"{parameters['reported_at_poll_interval']:g} s interval; sim = achieved by the simulation",
         report.format_rows(headers, rows),
         "",
-        report.format_rows(["ratio (statements per tick)", "value"], ratio_rows),
+        report.format_ratios(result, "ratio (statements per tick)"),
         "",
-        report.format_targets(result["targets"]),
     ]
-    lines += [f"note: {note}" for note in result["notes"]]
-    return "\n".join(lines)
+    return report.table_text(result, lines)
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     parameters, series = result["parameters"], result["series"]
     figure, axes = plt.subplots(figsize=(8, 5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]

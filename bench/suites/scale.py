@@ -239,7 +239,8 @@ class Servers:
         self.fd_limit = None
 
     def start(self) -> Servers:
-        from scrapyd_pgqueue import db, devdb
+        from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.local import devdb
 
         self.postgres = devdb.LocalPostgres(settings={"max_connections": str(self.max_connections)})
         self.postgres.create()
@@ -558,7 +559,7 @@ def _transactions(servers: Servers) -> int:
 
 def _real_mode(ctx: Context, sizes: Sizes, name: str, direct: bool, poll_interval: float,
                max_connections: int) -> dict:
-    from scrapyd_pgqueue.cluster import LocalCluster
+    from scrapyd_pgqueue.local.cluster import LocalCluster
 
     servers = Servers(max_connections, REAL_MAX_CLIENT_CONN, ctx.log)
     sampler = cluster = None
@@ -620,7 +621,7 @@ def _real_mode(ctx: Context, sizes: Sizes, name: str, direct: bool, poll_interva
 
 def _start_nodes(ctx: Context, cluster, timeout: float) -> dict:
     """Start every node at once and wait for each; a node that fails is retried once on another port."""
-    from scrapyd_pgqueue.devdb import free_port
+    from scrapyd_pgqueue.local.devdb import free_port
 
     started = time.monotonic()
     deadline = started + timeout
@@ -1664,7 +1665,6 @@ def format_table(result: dict) -> str:
             f"{cpu.get('pgbouncer', math.nan):.2f}",
             f"{cpu.get('machine_busy', math.nan):.2f}",
         ])
-    ratio_rows = [[name, report.number(value, 2)] for name, value in result["ratios"].items()]
     sizes = parameters["sizes"]
     lines = [
         report.heading("Scale"),
@@ -1697,18 +1697,14 @@ def format_table(result: dict) -> str:
                             "PgB xact ms", "PgB wait ms", "claim ticks run", "heartbeats run", "CPU sim",
                             "CPU postgres", "CPU pgbouncer", "CPU machine"], latency_rows),
         "",
-        report.format_rows(["ratio / difference", "value"], ratio_rows),
+        report.format_ratios(result, "ratio / difference"),
         "",
-        report.format_targets(result["targets"]),
     ]
-    lines += [f"note: {note}" for note in result["notes"]]
-    return "\n".join(lines)
+    return report.table_text(result, lines)
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     series = result["series"]
     points = series["simulated"]["points"]
     nodes = [point["nodes"] for point in points]

@@ -245,10 +245,8 @@ def format_table(result: dict) -> str:
         "",
         _format_server_only(result["server_only"]),
         "",
-        report.format_targets(result["targets"]),
     ]
-    lines += [f"note: {note}" for note in result["notes"]]
-    return "\n".join(lines)
+    return report.table_text(result, lines)
 
 
 def _format_server_only(server_only: dict) -> str:
@@ -258,10 +256,8 @@ def _format_server_only(server_only: dict) -> str:
             f"(d) / (b) {server_only['ratio']:.2f}")
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     figure, axes = plt.subplots(figsize=(8, 5))
     for kind, data in result["series"].items():
         points = data["points"]

@@ -66,7 +66,7 @@ LISTENERS = """
 
 
 def run(ctx: Context) -> dict:
-    from scrapyd_pgqueue.cluster import LocalCluster
+    from scrapyd_pgqueue.local.cluster import LocalCluster
 
     jobs = JOBS[ctx.profile.name]
     pauses = random.Random(RANDOM_SEED)
@@ -251,7 +251,6 @@ def format_table(result: dict) -> str:
          report.number(data["max_ms"], 1), f"{data['ran_on_scheduling_node']}/{data['samples']}"]
         for name, data in series.items()
     ]
-    ratio_rows = [[name, report.number(value, 1)] for name, value in result["ratios"].items()]
     timing_rows = [[name, report.number(data["start_up_s"], 1), report.number(data["jobs_s"], 1),
                     report.number(statistics.median(job["crawl_s"] for job in data["jobs"]), 2)]
                    for name, data in series.items()]
@@ -263,20 +262,16 @@ def format_table(result: dict) -> str:
         report.format_rows(["mode", "listen_notify", "jobs", "p50 ms", "p99 ms", "mean ms", "min ms", "max ms",
                             "ran on scheduling node"], rows),
         "",
-        report.format_rows(["ratio", "value"], ratio_rows),
+        report.format_ratios(result, digits=1),
         "",
         report.format_rows(["mode", "nodes start + idle (s)", "jobs (s)", "crawl median (s)"], timing_rows),
         "",
-        report.format_targets(result["targets"]),
     ]
-    lines += [f"note: {note}" for note in result["notes"]]
-    return "\n".join(lines)
+    return report.table_text(result, lines)
 
 
-def plot(result: dict, directory: Path) -> list[Path]:
-    plt = report.pyplot()
-    if plt is None:
-        return []
+@report.plotting
+def plot(plt, result: dict, directory: Path) -> list[Path]:
     figure, axes = plt.subplots(figsize=(8, 5))
     for name, data in result["series"].items():
         latencies = sorted(job["latency_ms"] for job in data["jobs"])

@@ -5,7 +5,8 @@ benchmark alike. Every method runs in its own short transaction; none is held wh
 
 Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it (the
 claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor); only ``scrapyd_pgqueue.db``
-knows the driver. The claim's steps are a function in the database (migration 0006).
+knows the driver. The claim's steps are a function in the database: ``schema.sql`` holds it and the other
+database functions as the migrations leave them, with the reason for each step (a test keeps the two in step).
 
 One module per concern:
 
@@ -17,7 +18,7 @@ One module per concern:
 - ``trees``: crawl trees: children placed in their parent's tree, tree-scoped keys, the tree's view and cancel
   (``TreeQueries``, in ``ClusterStore``; the open-job counts are kept by triggers, migration 0005).
 - ``cluster``: the whole cluster's view for the web services: status, lists, counts, cancel, logs (``ClusterStore``).
-- ``admin``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
+- ``operator``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
 - ``eggs``: project eggs (``EggStore``).
 - ``maintenance``: a VACUUM of the queue table when it is due, by the nodes that finish crawls (``QueueMaintenance``).
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
@@ -27,7 +28,6 @@ One module per concern:
 
 from __future__ import annotations
 
-from scrapyd_pgqueue.store.admin import NodeRow
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     ERROR,
@@ -47,10 +47,11 @@ from scrapyd_pgqueue.store.base import (
     JobNotFoundError,
     JobOptions,
     JobRow,
+    local_time,
 )
 from scrapyd_pgqueue.store.cluster import (
+    MAX_PENDING_OFFSET,
     PENDING_COUNT_CAP,
-    SIGNAL_NAMES,
     CancelRequest,
     ClusterCounts,
     ClusterStore,
@@ -58,12 +59,14 @@ from scrapyd_pgqueue.store.cluster import (
     PendingJob,
     RunningJob,
     StoredLog,
+    cancel_signal,
+    signal_number,
 )
 from scrapyd_pgqueue.store.eggs import EggStore
 from scrapyd_pgqueue.store.maintenance import QueueMaintenance
-from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.nodes import RECOVER_EXPIRED_LEASES, ReleasedJob
-from scrapyd_pgqueue.store.trees import TreeView
+from scrapyd_pgqueue.store.operator import NodeRow
+from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS, Claim, JobStore, notify_through_pool
 from scrapyd_pgqueue.store.schedules import (
     OVERLAP,
@@ -78,6 +81,7 @@ from scrapyd_pgqueue.store.schedules import (
     SpiderLimitRow,
 )
 from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
+from scrapyd_pgqueue.store.trees import TreeView
 
 __all__ = [
     # channels and limits
@@ -87,7 +91,7 @@ __all__ = [
     "PERIODIC_CHANNEL",
     "MAX_NAME_BYTES",
     "PENDING_COUNT_CAP",
-    "SIGNAL_NAMES",
+    "MAX_PENDING_OFFSET",
     "COUNT_CAP",
     # scheduling options
     "JobOptions",
@@ -121,6 +125,8 @@ __all__ = [
     "FinishedJobRow",
     "ClusterCounts",
     "CancelRequest",
+    "cancel_signal",
+    "signal_number",
     "StoredLog",
     "NodeRow",
     "SpiderDepth",
@@ -138,6 +144,8 @@ __all__ = [
     "OverviewStore",
     "ScheduleStore",
     "notify_through_pool",
+    # how times from the database are shown (Scrapyd's naive local time)
+    "local_time",
     # queries the tests and the benchmark read (their plans, their compiled SQL)
     "CLAIM_NEXT_JOBS",
     "RECOVER_EXPIRED_LEASES",

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
 
@@ -105,7 +105,7 @@ class JobRow:
     end_time: datetime.datetime | None
 
 
-# --- queries shared by cluster.py (job_status) and admin.py (requeue) ------------------------------------------
+# --- queries shared by cluster.py (job_status) and operator.py (requeue) ---------------------------------------
 
 # The newest row of job id :job (in :project, all projects when NULL): a reused job id reports its latest run.
 # Reads spider_job_job_idx.
@@ -126,20 +126,40 @@ KEY_UNLESS_TAKEN = """
     ) THEN NULL ELSE {row}.unique_key END
 """
 
+# Whether the caller still waits for the answer (:answer_by, database clock: db.answer_by), read once as the
+# statement starts, for the writes of a statement that must not happen once the caller gave up and answered "error"
+# (a statement that reached a stalled server): WITH {IN_TIME}, ... WHERE ... AND (SELECT ok FROM in_time).
+IN_TIME = "in_time AS MATERIALIZED (SELECT clock_timestamp() < to_timestamp(:answer_by) AS ok)"
+
 # --- operations ------------------------------------------------------------------------------------------------
 
 
-def now() -> datetime.datetime:
-    return datetime.datetime.now()
+# One clock: every time stored on a row is the database's. A time a node measured (a crawl's start or end, as naive
+# local time like Scrapyd's) reaches a statement as that instant on the database's clock, ``on_database_clock``; the
+# rest are the database's ``now()``. A node's time zone or skewed clock changes nothing.
+def on_database_clock(*moments: datetime.datetime | None) -> list[datetime.datetime | None]:
+    """Each moment this node measured (its naive local time, as Scrapyd's launcher keeps them, or aware) as the
+    instant it was on the database's clock: its time zone made explicit, and how far this node's clock is off the
+    database's (learnt from every heartbeat) added. So nodes in other time zones or with skewed clocks store the
+    instants the database's clock would have, and the times between a node's moments stay exactly as measured."""
+    offset = datetime.timedelta(seconds=db.clock_offset())
+    return [None if moment is None else moment.astimezone() + offset for moment in moments]
+
+
+def local_time(moment: datetime.datetime | None) -> datetime.datetime | None:
+    """A time from the database (aware) as Scrapyd shows times: this node's naive local time."""
+    return None if moment is None else moment.astimezone().replace(tzinfo=None)
 
 
 def database_errors(method):
-    """Driver errors leave the store as ``db.DatabaseError`` naming host and port, never the password."""
+    """Driver errors leave the store as ``db.DatabaseError`` naming host and port, never the password; a refused
+    first statement (a server restarting behind PgBouncer), or a read that lost its connection, is sent again
+    within the operation's time (``db.when_served``)."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         with db.operation(self.engine):
-            return method(self, *args, **kwargs)
+            return db.when_served(lambda: method(self, *args, **kwargs), self.engine.url)
 
     return wrapper
 
@@ -177,3 +197,30 @@ def check_name(what: str, value: Any) -> str:
     if len(value.encode()) > MAX_NAME_BYTES:
         raise InvalidJobError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
     return value
+
+
+class StorePerEngine:
+    """A store over one engine (its pool), built once per engine and store class in a process: a service or page
+    that asks for the store on every request gets the same one, and shares its engine's connections."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @classmethod
+    def for_url(cls, url: str):
+        return cls.for_engine(db.get_engine(url))
+
+    @classmethod
+    def for_settings(cls, settings):
+        """The store of a node, over an engine with the node's pool size and timeout."""
+        return cls.for_engine(db.engine_for_settings(settings))
+
+    @classmethod
+    def for_engine(cls, engine: Engine, *arguments):
+        return _store_per_engine(cls, engine, *arguments)
+
+
+@functools.cache
+def _store_per_engine(cls, engine: Engine, *arguments):
+    return cls(engine, *arguments)
+

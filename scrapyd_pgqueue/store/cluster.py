@@ -1,25 +1,32 @@
 """The whole cluster's view for the web services: job status, pending pages, running and finished lists, counts,
-cancel and logs; ``ClusterStore``, which also holds the operator command's queries (``admin.OperatorQueries``).
+cancel and logs; ``ClusterStore``, which also holds the operator command's queries (``operator.OperatorQueries``).
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
+import signal as signals
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store.admin import OperatorQueries
+from scrapyd_pgqueue.store.base import (
+    CANCEL_CHANNEL,
+    IN_TIME,
+    JOB_STATUS,
+    ClaimedJob,
+    StorePerEngine,
+    database_errors,
+)
+from scrapyd_pgqueue.store.operator import OperatorQueries
 from scrapyd_pgqueue.store.trees import TreeQueries
-from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, JOB_STATUS, ClaimedJob, database_errors, now
 
 # Pending jobs daemonstatus.json counts exactly (a few milliseconds); beyond, it reports the planner's estimate.
 PENDING_COUNT_CAP = 10_000
-# The signal names a cancel request may carry (those Twisted's signalProcess knows); others are given by number.
-SIGNAL_NAMES = ("HUP", "STOP", "INT", "KILL", "TERM")
+# The signal numbers a cancel request may carry: 0 is none (it signals nothing), nor is any number the system lacks.
+SIGNAL_NUMBERS = frozenset(int(number) for number in signals.valid_signals())
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,26 @@ class ClusterCounts:
     dead: int = 0  # out of retries, kept until requeued
 
 
+def cancel_signal(value: str) -> str:
+    """A cancel request's signal as stored: a name without ``SIG`` (``TERM``, ``KILL``, ``USR1``; any case, with or
+    without ``SIG``) or a number of a real signal; ValueError, saying what is accepted, for anything else."""
+    if value.isascii() and value.isdigit():
+        if len(value) <= 3 and int(value) in SIGNAL_NUMBERS:
+            return str(int(value))
+    elif value.isascii():
+        name = value.upper().removeprefix("SIG")
+        if f"SIG{name}" in signals.Signals.__members__:
+            return name
+    raise ValueError(f"signal must be a signal's name (INT, TERM, KILL, ...) or number (1-{max(SIGNAL_NUMBERS)}), "
+                     f"not {value[:40]!r}")
+
+
+def signal_number(value: str) -> int:
+    """The number of a stored signal, to send; ValueError for a value that is none (a row written another way)."""
+    value = cancel_signal(value)
+    return int(value) if value.isdigit() else int(signals.Signals[f"SIG{value}"])
+
+
 @dataclass(frozen=True)
 class CancelRequest:
     """Cancel requests made on a running job: the node running it sends one signal per request not yet sent."""
@@ -92,6 +119,8 @@ class StoredLog:
 # One page of waiting jobs (of :project, all when NULL) in run order: pending ones in claim order, then delayed ones
 # by due time. Each part reads the head of its index (spider_job_pending_idx or the per-project one;
 # spider_job_delayed_idx) up to :offset + :limit rows, so a page costs its size plus the offset, never the backlog.
+# :offset + :limit is a bigint: the largest offset leaves room for any limit.
+MAX_PENDING_OFFSET = 2**62
 PENDING_PAGE = text("""
     SELECT project, job, message, run_at FROM (
         (SELECT 0 AS part, project, job, message, NULL::timestamptz AS run_at, priority, id FROM spider_job
@@ -126,7 +155,7 @@ FINISHED_JOBS = text("""
 
 # The cluster at a glance. Pending, delayed and past-due jobs (pending for :past_due seconds since they were due:
 # a range of spider_job_pending_due_idx) are counted up to :cap only (an exact count of a huge backlog is a scan
-# costing tens of milliseconds, trap 14), with the planner's estimate of the pending index's size for beyond;
+# costing tens of milliseconds per request), with the planner's estimate of the pending index's size for beyond;
 # running and finished jobs are few (process slots; pruned to finished_to_keep); live nodes are those not stopped
 # whose heartbeat is within :lease_seconds (database clock).
 CLUSTER_COUNTS = text("""
@@ -148,28 +177,33 @@ CLUSTER_COUNTS = text("""
 
 # Cancel a waiting (pending or delayed) job: terminated as 'cancelled' (end at the cancel), so it never starts (nor
 # retries) and every node reports it finished. A claim that locked the row first wins; the running job is then
-# cancelled instead.
-CANCEL_PENDING = text("""
-    UPDATE spider_job
-    SET status = 'terminated', outcome = 'cancelled', reason = 'cancelled before it started',
-        cancel_requested = true, start_time = coalesce(start_time, :now), end_time = :now
-    WHERE project = :project AND job = :job AND status IN ('delayed', 'pending')
-    RETURNING id
+# cancelled instead. Only while the caller waits for the answer (IN_TIME), as for REQUEST_CANCEL.
+CANCEL_PENDING = text(f"""
+    WITH {IN_TIME}, cancelled AS (
+        UPDATE spider_job
+        SET status = 'terminated', outcome = 'cancelled', reason = 'cancelled before it started',
+            cancel_requested = true, start_time = coalesce(start_time, now()), end_time = now()
+        WHERE project = :project AND job = :job AND status IN ('delayed', 'pending') AND (SELECT ok FROM in_time)
+        RETURNING id
+    )
+    SELECT (SELECT ok FROM in_time) AS in_time, (SELECT count(*) FROM cancelled) AS done
 """)
 
 # Ask the node running job :job to signal its crawl: one more request, with its signal, and a NOTIFY that the
 # node hears at once (its heartbeat reads the same columns as the floor). Reads spider_job_live_job_key.
-REQUEST_CANCEL = text("""
-    WITH requested AS (
+REQUEST_CANCEL = text(f"""
+    WITH {IN_TIME}, requested AS (
         UPDATE spider_job
         SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
-        WHERE project = :project AND job = :job AND status = 'ongoing'
+        WHERE project = :project AND job = :job AND status = 'ongoing' AND (SELECT ok FROM in_time)
         RETURNING id, project, job, worker, cancel_requests, cancel_signal
+    ), notified AS (
+        SELECT pg_notify(:channel, json_build_object(
+            'id', id, 'project', project, 'job', job, 'worker', worker, 'requests', cancel_requests,
+            'signal', cancel_signal)::text)
+        FROM requested
     )
-    SELECT id, pg_notify(:channel, json_build_object(
-        'id', id, 'project', project, 'job', job, 'worker', worker, 'requests', cancel_requests,
-        'signal', cancel_signal)::text)
-    FROM requested
+    SELECT (SELECT ok FROM in_time) AS in_time, (SELECT count(*) FROM notified) AS done
 """)
 
 # The cancel requests on the running jobs of process :worker (the heartbeat's floor under the NOTIFY).
@@ -211,19 +245,8 @@ FIND_LOG = text("""
 """)
 
 
-class ClusterStore(OperatorQueries, TreeQueries):
+class ClusterStore(StorePerEngine, OperatorQueries, TreeQueries):
     """Job views and operations for the whole cluster: web services, cancel, logs and the operator command."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
-    @classmethod
-    def for_url(cls, url: str) -> ClusterStore:
-        return _cluster_store_for_engine(db.get_engine(url))
-
-    @classmethod
-    def for_settings(cls, settings) -> ClusterStore:
-        return _cluster_store_for_engine(db.engine_for_settings(settings))
 
     @database_errors
     def job_status(self, job: str, project: str | None = None) -> str | None:
@@ -264,14 +287,17 @@ class ClusterStore(OperatorQueries, TreeQueries):
 
     @database_errors
     def cancel_job(self, project: str, job: str, signal: str = "INT") -> str | None:
-        """Cancel a pending job, or ask the node running it to signal it; return Scrapyd's ``prevstate``."""
+        """Cancel a pending job, or ask the node running it to signal it (``signal`` as ``cancel_signal`` gives
+        it); return Scrapyd's ``prevstate``. Nothing changes once the caller's time is up (``db.answer_by``)."""
+        params = {"project": project, "job": job, "answer_by": db.answer_by(), "signal": signal,
+                  "channel": CANCEL_CHANNEL}
         with db.autocommit(self.engine) as connection:
-            params = {"project": project, "job": job, "now": now()}
-            if connection.execute(CANCEL_PENDING, params).first() is not None:
-                return "pending"
-            params.update(signal=signal, channel=CANCEL_CHANNEL)
-            if connection.execute(REQUEST_CANCEL, params).first() is not None:
-                return "running"
+            for statement, prevstate in ((CANCEL_PENDING, "pending"), (REQUEST_CANCEL, "running")):
+                row = connection.execute(statement, params).one()
+                if not row.in_time:
+                    raise db.too_late(self.engine, "nothing was cancelled")
+                if row.done:
+                    return prevstate
         return None
 
     @database_errors
@@ -301,8 +327,3 @@ class ClusterStore(OperatorQueries, TreeQueries):
         if row is None:
             return None
         return StoredLog(row.status, None if row.log is None else bytes(row.log), row.worker, row.node_url)
-
-
-@functools.cache
-def _cluster_store_for_engine(engine: Engine) -> ClusterStore:
-    return ClusterStore(engine)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, database_errors
+from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, StorePerEngine, database_errors
 
 # --- eggs ---
 
@@ -33,6 +32,9 @@ EGG_IDS = text("SELECT version, id FROM project_egg WHERE project = :project")
 # One egg by its row id.
 EGG_BY_ID = text("SELECT egg FROM project_egg WHERE id = :id")
 
+# The row ids of every egg: the files a node's egg cache may keep.
+ALL_EGG_IDS = text("SELECT id FROM project_egg")
+
 # Every project with an egg.
 EGG_PROJECTS = text("SELECT DISTINCT project FROM project_egg ORDER BY project")
 
@@ -46,19 +48,12 @@ DELETE_EGGS = text("""
 EGG_CATALOGUE = text("SELECT project, count(*) AS eggs, max(id) AS newest FROM project_egg GROUP BY project")
 
 
-class EggStore:
+class EggStore(StorePerEngine):
     """Project eggs in the database: deployed once through any node, runnable on every node."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
 
     @classmethod
     def for_url(cls, url: str, migrate_schema: bool = True) -> EggStore:
-        return _egg_store_for_engine(db.get_engine(url, migrate_schema=migrate_schema))
-
-    @classmethod
-    def for_settings(cls, settings) -> EggStore:
-        return _egg_store_for_engine(db.engine_for_settings(settings))
+        return cls.for_engine(db.get_engine(url, migrate_schema=migrate_schema))
 
     @database_errors
     def put_egg(self, project: str, version: str, egg: bytes) -> None:
@@ -90,6 +85,11 @@ class EggStore:
         return None if egg is None else bytes(egg)
 
     @database_errors
+    def all_egg_ids(self) -> set[int]:
+        with db.autocommit(self.engine) as connection:
+            return set(connection.execute(ALL_EGG_IDS).scalars())
+
+    @database_errors
     def egg_projects(self) -> list[str]:
         with db.autocommit(self.engine) as connection:
             return list(connection.execute(EGG_PROJECTS).scalars())
@@ -108,8 +108,3 @@ class EggStore:
         """Project -> (number of eggs, newest egg id): compare two catalogues to see which projects changed."""
         with db.autocommit(self.engine) as connection:
             return {row.project: (row.eggs, row.newest) for row in connection.execute(EGG_CATALOGUE)}
-
-
-@functools.cache
-def _egg_store_for_engine(engine: Engine) -> EggStore:
-    return EggStore(engine)

@@ -24,7 +24,6 @@ from scrapyd_pgqueue.store.base import (
     JobOptions,
     check_name,
     encode_message,
-    now,
 )
 
 # --- queries ---------------------------------------------------------------------------------------------------
@@ -54,7 +53,7 @@ ENQUEUE_JOBS = text("""
                                      retries, retry_delay, periodic, parent, parent_id, tree_id, created_time)
         SELECT :project, spider, job, version, priority, message,
                CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
-               unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, :now
+               unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, now()
         FROM batch
         WHERE clock_timestamp() < to_timestamp(:answer_by)
         ORDER BY n
@@ -81,10 +80,11 @@ ENQUEUE_JOBS = text("""
 def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
     """Run ENQUEUE_JOBS for ``rows`` (from ``job_rows``) on ``connection``, in a transaction of the caller's (a
     periodic firing) or alone; say where each job went, in their order. Empty when the caller's time ran out."""
-    params = {"project": rows[0]["project"], "now": now(), "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
+    params = {"project": rows[0]["project"], "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
     for column in _ENQUEUE_COLUMNS:
         params[f"{column}s"] = [row[column] for row in rows]
-    params["replace_keys"] = [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE]
+    # Keys only: a NULL in the array would make "NOT key = ANY(...)" NULL for the keys not in it (a NULL spider).
+    params["replace_keys"] = [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE and row["unique_key"]]
     with _duplicates_refused(project, params["jobs"]):
         return _in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())
 

@@ -10,14 +10,15 @@ from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.models import FINISHED
-from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, ClaimedJob, JobRow, database_errors
+from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, ClaimedJob, JobRow, database_errors, on_database_clock
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
 # How a job ends with :outcome, in SET form, shared by both finishes: a failed job with retries left (failures <
 # retries; the SET reads the row as it was) waits as 'delayed' for its exponential backoff, same row and job id, its
 # failure counted; out of retries it ends 'dead'. Any other outcome (a cancelled job among them) ends it. A retried
-# job gives its unique key up when a new waiting job took it meanwhile (spider_job_waiting_unique_key).
+# job gives its unique key up when a new waiting job took it meanwhile (spider_job_waiting_unique_key). The start
+# MARK_STARTED recorded for this crawl (its pid) stays, so that a job shows one start time running and finished.
 _RETRYING = "(:outcome = 'failed' AND failures < retries)"
 _END_OR_RETRY = f"""
     status = CASE WHEN {_RETRYING} THEN 'delayed' ELSE 'terminated' END,
@@ -25,7 +26,8 @@ _END_OR_RETRY = f"""
     run_at = CASE WHEN {_RETRYING} THEN now() + make_interval(secs => retry_delay * 2 ^ failures) END,
     failures = failures + CASE WHEN :outcome = 'failed' THEN 1 ELSE 0 END,
     unique_key = CASE WHEN {_RETRYING} THEN {KEY_UNLESS_TAKEN.format(row="spider_job")} ELSE unique_key END,
-    exit_code = :exit_code, reason = :reason, pid = coalesce(:pid, pid), start_time = :start_time,
+    exit_code = :exit_code, reason = :reason, pid = coalesce(:pid, pid),
+    start_time = CASE WHEN pid = :pid THEN start_time ELSE :start_time END,
     end_time = :end_time
 """
 
@@ -59,15 +61,26 @@ INSERT_TERMINATED = text("""
     INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid,
                             created_time, start_time, end_time)
     VALUES (:project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
-            :start_time, :start_time, :end_time)
+            coalesce(:start_time, now()), :start_time,
+            :end_time)
 """)
 
 # Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,
 # at the same time: SKIP LOCKED leaves rows another pruner is deleting to it, instead of deadlocking with it. Dead
-# jobs stay (the dead letters, until requeue --dead or prune --before).
+# jobs stay (the dead letters, until requeue --dead, prune --older-than, or PRUNE_DEAD with dead_to_keep).
 PRUNE_TERMINATED = text("""
     DELETE FROM spider_job WHERE id IN (
         SELECT id FROM spider_job WHERE status = 'terminated' AND outcome IS DISTINCT FROM 'dead'
+        ORDER BY end_time DESC OFFSET :keep
+        FOR UPDATE SKIP LOCKED
+    )
+""")
+
+# The same for dead jobs beyond the newest :keep (their stored logs go with them, ON DELETE CASCADE): a statement of
+# its own, run only with dead_to_keep set, so that the prune after every finish keeps its plan.
+PRUNE_DEAD = text("""
+    DELETE FROM spider_job WHERE id IN (
+        SELECT id FROM spider_job WHERE status = 'terminated' AND outcome = 'dead'
         ORDER BY end_time DESC OFFSET :keep
         FOR UPDATE SKIP LOCKED
     )
@@ -95,7 +108,8 @@ class JobEnds:
 
     @database_errors
     def mark_started(self, claimed: ClaimedJob, *, worker: str, pid: int | None, start_time: datetime.datetime) -> bool:
-        params = {"id": claimed.id, "attempt": claimed.attempt, "worker": worker, "pid": pid, "start_time": start_time}
+        params = {"id": claimed.id, "attempt": claimed.attempt, "worker": worker, "pid": pid,
+                  "start_time": on_database_clock(start_time)[0]}
         with db.autocommit(self.engine) as connection:
             return connection.execute(MARK_STARTED, params).rowcount == 1
 
@@ -126,8 +140,6 @@ class JobEnds:
             "project": project,
             "spider": spider,
             "job": job,
-            "start_time": start_time,
-            "end_time": end_time,
             "outcome": outcome,
             "exit_code": exit_code,
             "reason": reason,
@@ -135,6 +147,7 @@ class JobEnds:
             "node": node,
             "worker": worker,
         }
+        params["start_time"], params["end_time"] = on_database_clock(start_time, end_time)
         if claimed is not None:
             params.update(id=claimed.id, attempt=claimed.attempt)
             with db.autocommit(self.engine) as connection:
@@ -145,9 +158,14 @@ class JobEnds:
             return True
 
     @database_errors
-    def prune_terminated(self, keep: int) -> int:
+    def prune_terminated(self, keep: int, keep_dead: int | None = None) -> int:
+        """Delete finished jobs beyond the newest ``keep``, and dead ones beyond the newest ``keep_dead`` (None:
+        every dead job stays); return how many were deleted."""
         with db.autocommit(self.engine) as connection:
-            return connection.execute(PRUNE_TERMINATED, {"keep": max(keep, 0)}).rowcount
+            deleted = connection.execute(PRUNE_TERMINATED, {"keep": max(keep, 0)}).rowcount
+            if keep_dead is not None:
+                deleted += connection.execute(PRUNE_DEAD, {"keep": max(keep_dead, 0)}).rowcount
+            return deleted
 
     @database_errors
     def list_terminated(self, limit: int) -> list[JobRow]:

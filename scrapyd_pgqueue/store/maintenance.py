@@ -27,6 +27,7 @@ import time
 from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class QueueMaintenance:
         self.rebuild_above, self.min_index_bytes = rebuild_above, min_index_bytes
         self.next_check = 0.0  # monotonic
         self.lock = threading.Lock()  # one check at a time in this process
-        self.failures = db.ThrottledLog(log.warning)
+        self.failures = ThrottledLog(log.warning)
 
     @classmethod
     def for_settings(cls, settings) -> QueueMaintenance:

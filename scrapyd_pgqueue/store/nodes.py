@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.models import PENDING
-from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, now
+from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, on_database_clock
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class ReleasedJob:
 REGISTER_NODE = text("""
     INSERT INTO scrapyd_node (id, name, url, max_proc) VALUES (:worker, :name, :url, :max_proc)
     ON CONFLICT (id) DO UPDATE SET heartbeat_time = now(), stopped_time = NULL
+    RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
 """)
 
 # Renew this process's lease on the jobs it runs (database clock: nodes' clocks may disagree).
@@ -43,6 +44,18 @@ HEARTBEAT = text("""
 
 # Mark this process stopped (graceful shutdown).
 STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
+
+# The end of the two statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
+# row has an outcome ends now and keeps its pid for the record; the rest go back to the queue. Returns every
+# settled job, and wakes idle nodes (one NOTIFY per job sent back to pending).
+ENDED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() END,
+            pid = CASE WHEN {source}.outcome IS NOT NULL THEN j.pid END
+        FROM {source}
+        WHERE j.id = {source}.id
+        RETURNING j.id, j.project, j.job, j.status
+    )
+    SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
+    FROM {settled}"""
 
 # Recover the jobs of every other process whose lease expired (no heartbeat for :lease_seconds, database clock) or
 # that stopped. A job lost with its node failed: with _retries it waits out its backoff as 'delayed' (failure
@@ -75,14 +88,7 @@ RECOVER_EXPIRED_LEASES = text(f"""
             reason = CASE WHEN expired.outcome IS NOT NULL OR j.retries > 0 THEN format(
                 'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
             ) END,
-            end_time = CASE WHEN expired.outcome IS NOT NULL THEN :now END,
-            pid = CASE WHEN expired.outcome IS NOT NULL THEN j.pid END
-        FROM expired
-        WHERE j.id = expired.id
-        RETURNING j.id, j.project, j.job, j.status
-    )
-    SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
-    FROM recovered
+            {ENDED_FROM.format(source="expired", settled="recovered")}
 """)
 
 # Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
@@ -105,14 +111,7 @@ HAND_BACK_CLAIMS = text(f"""
             reason = CASE WHEN claim.outcome IS NOT NULL THEN format(
                 'node %s stopped during attempt %s of %s', :node, j.attempts, :max_attempts
             ) END,
-            end_time = CASE WHEN claim.outcome IS NOT NULL THEN :now END,
-            pid = CASE WHEN claim.outcome IS NOT NULL THEN j.pid END
-        FROM claim
-        WHERE j.id = claim.id
-        RETURNING j.id, j.project, j.job, j.status
-    )
-    SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
-    FROM handed_back
+            {ENDED_FROM.format(source="claim", settled="handed_back")}
 """)
 
 # Of this process's :ids/:attempts claims, those it no longer owns: recovered (back to pending, or claimed again,
@@ -125,13 +124,14 @@ CLAIMS_TAKEN_OVER = text("""
 """)
 
 # Hand back this process's claims that it runs no crawl for: the claim committed but its reply was lost with the
-# connection (a database restart or a killed session). Only claims made before :claimed_before (this node's own
-# clock, like start_time), so that a claim whose reply is still on its way is never taken. Reads
-# spider_job_ongoing_worker_idx.
+# connection (a database restart or a killed session). Only claims made before claimed_before (on the database's
+# clock: base.on_database_clock), so that a claim whose reply is still on its way is never taken.
+# Reads spider_job_ongoing_worker_idx.
 RELEASE_FORGOTTEN_CLAIMS = text(f"""
     WITH released AS (
         UPDATE spider_job SET status = 'pending', unique_key = {KEY_UNLESS_TAKEN.format(row="spider_job")}
-        WHERE status = 'ongoing' AND worker = :worker AND start_time < :claimed_before AND NOT (id = ANY(:known_ids))
+        WHERE status = 'ongoing' AND worker = :worker AND NOT (id = ANY(:known_ids))
+          AND start_time < :claimed_before
         RETURNING id, project, job
     )
     SELECT id, project, job, pg_notify(:channel, project) AS notified FROM released
@@ -164,7 +164,10 @@ class NodeLeases:
     @database_errors
     def register_node(self, *, worker: str, name: str, url: str | None, max_proc: int | None) -> None:
         with db.autocommit(self.engine) as connection:
-            connection.execute(REGISTER_NODE, {"worker": worker, "name": name, "url": url, "max_proc": max_proc})
+            sent = time.time()
+            params = {"worker": worker, "name": name, "url": url, "max_proc": max_proc}
+            database_clock = connection.execute(REGISTER_NODE, params).scalar()
+        db.learn_clock_offset(database_clock, sent, time.time())  # before this node claims anything
 
     @database_errors
     def heartbeat(self, worker: str) -> bool:
@@ -185,15 +188,8 @@ class NodeLeases:
     @database_errors
     def recover_expired_leases(self, *, worker: str, lease_seconds: float, max_attempts: int) -> list[ReleasedJob]:
         """Take the running jobs of the other processes whose lease expired; return what was taken and where to."""
-        params = {
-            "worker": worker,
-            "lease_seconds": float(lease_seconds),
-            "max_attempts": max_attempts,
-            "now": now(),
-            "channel": NOTIFY_CHANNEL,
-        }
-        with db.autocommit(self.engine) as connection:
-            return _released(connection.execute(RECOVER_EXPIRED_LEASES, params))
+        return self._settle(RECOVER_EXPIRED_LEASES, worker=worker, lease_seconds=float(lease_seconds),
+                            max_attempts=max_attempts)
 
     @database_errors
     def hand_back(
@@ -203,17 +199,14 @@ class NodeLeases:
         claims = list(claims)
         if not claims:
             return []
-        params = {
-            "ids": [claimed.id for claimed in claims],
-            "attempts": [claimed.attempt for claimed in claims],
-            "worker": worker,
-            "node": node,
-            "max_attempts": max_attempts,
-            "now": now(),
-            "channel": NOTIFY_CHANNEL,
-        }
+        return self._settle(HAND_BACK_CLAIMS, ids=[claimed.id for claimed in claims],
+                            attempts=[claimed.attempt for claimed in claims], worker=worker, node=node,
+                            max_attempts=max_attempts)
+
+    def _settle(self, statement, **params) -> list[ReleasedJob]:
+        """Run a statement that settles claims (``ENDED_FROM``): pending jobs wake idle nodes on NOTIFY_CHANNEL."""
         with db.autocommit(self.engine) as connection:
-            return _released(connection.execute(HAND_BACK_CLAIMS, params))
+            return _released(connection.execute(statement, {**params, "channel": NOTIFY_CHANNEL}))
 
     @database_errors
     def release_forgotten_claims(
@@ -223,7 +216,7 @@ class NodeLeases:
         params = {
             "worker": worker,
             "known_ids": list(known_ids),
-            "claimed_before": claimed_before,
+            "claimed_before": on_database_clock(claimed_before)[0],
             "channel": NOTIFY_CHANNEL,
         }
         with db.autocommit(self.engine) as connection:

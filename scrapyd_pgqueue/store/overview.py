@@ -8,13 +8,12 @@ nodes and the newest failures come from ``ClusterStore`` (``nodes``, ``troubled_
 from __future__ import annotations
 
 import datetime
-import functools
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store.base import database_errors
+from scrapyd_pgqueue.store.base import StorePerEngine, database_errors, local_time
 
 # Jobs counted exactly per spider and state; beyond, the count is shown as "at least" (COUNT_CAP+).
 COUNT_CAP = 10_000
@@ -103,19 +102,8 @@ NODE_URLS = text("""
     SELECT DISTINCT ON (name) name, url FROM scrapyd_node WHERE stopped_time IS NULL ORDER BY name, started_time DESC
 """)
 
-class OverviewStore:
+class OverviewStore(StorePerEngine):
     """Read-only views of the whole cluster, each bounded whatever the backlog."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
-    @classmethod
-    def for_settings(cls, settings) -> OverviewStore:
-        return _overview_store_for_engine(db.engine_for_settings(settings))
-
-    @classmethod
-    def for_url(cls, url: str) -> OverviewStore:
-        return _overview_store_for_engine(db.get_engine(url))
 
     @database_errors
     def depth_by_spider(self) -> list[SpiderDepth]:
@@ -134,10 +122,13 @@ class OverviewStore:
 
     @database_errors
     def per_minute(self, since: datetime.datetime) -> tuple[list[MinuteCount], datetime.datetime | None]:
-        """Kept finished jobs per minute and outcome since ``since``, and the oldest kept job's end time."""
+        """Kept finished jobs per minute and outcome since ``since``, and the oldest kept job's end time (this node's
+        naive local times, as the dashboard shows them)."""
         with db.autocommit(self.engine) as connection:
-            rows = [MinuteCount(**row._mapping) for row in connection.execute(PER_MINUTE, {"since": since})]
-            return rows, connection.execute(OLDEST_KEPT).scalar()
+            params = {"since": since.astimezone()}  # naive: this node's local time
+            rows = [MinuteCount(local_time(row.minute), row.outcome, row.jobs)
+                    for row in connection.execute(PER_MINUTE, params)]
+            return rows, local_time(connection.execute(OLDEST_KEPT).scalar())
 
     @database_errors
     def oldest_pending_age(self) -> float | None:
@@ -149,8 +140,3 @@ class OverviewStore:
     def node_urls(self) -> dict[str, str | None]:
         with db.autocommit(self.engine) as connection:
             return {row.name: row.url for row in connection.execute(NODE_URLS)}
-
-
-@functools.cache
-def _overview_store_for_engine(engine: Engine) -> OverviewStore:
-    return OverviewStore(engine)

@@ -5,7 +5,6 @@ jobs, notify; ``JobStore``, which also holds how jobs end (``finishing.JobEnds``
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,35 +20,19 @@ from scrapyd_pgqueue.store.base import (
     ClaimedJob,
     Enqueued,
     JobOptions,
+    StorePerEngine,
     database_errors,
-    now,
 )
 from scrapyd_pgqueue.store.finishing import JobEnds
 from scrapyd_pgqueue.store.nodes import NodeLeases
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Claim the next :limit pending jobs of :projects (all when NULL) for this node, in one round trip. The statement is
-# the function claim_spider_jobs (migration 0006, where its SQL and reasons are), so that the server plans it once
-# per connection instead of on every call. Its steps, each shaped for concurrency and for a cost that does not grow
-# with the backlog:
-# - Due delayed jobs become pending (and wake the nodes), read from the head of spider_job_delayed_idx: a million
-#   jobs still waiting cost nothing. They are claimable by the next step of the same call.
-# - The claim locks rows with FOR UPDATE SKIP LOCKED, so concurrent claimers pass over each other's rows instead of
-#   queueing behind them, and LIMIT = the caller's free slots (a node never takes more than it can start). It reads
-#   spider_job_pending_idx from its head in (priority DESC, id) order; one project reads
-#   spider_job_pending_project_idx from the head of that project (a list of projects cannot: an ordered index scan
-#   takes one value of its leading column).
-# - Only when one of the projects has a per-spider limit (spider_limit), that spider is filled by one claimer at a
-#   time, the one that locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no
-#   head-of-line blocking); spider_job_running() counts its running jobs after that lock, in a fresh snapshot, so
-#   claims committed by other nodes meanwhile are counted: never more than max_running at once. Each limited spider
-#   reads the head of spider_job_pending_spider_idx, at most its free room.
-# - The rows are held only for this statement. The last row (id NULL) says how many delayed jobs became due and in
-#   how many seconds the next one is (the poller sets its timer by it).
+# Claim the next :limit pending jobs of :projects (all when NULL) for this node, in one round trip: the database
+# function claim_spider_jobs. Its SQL, and the reason for each of its steps, are in store/schema.sql.
 CLAIM_NEXT_JOBS = """
     SELECT id, project, job, attempts, message, priority, waited, promoted, next_due_in
-    FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(now)s, %(channel)s)
+    FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s)
 """
 
 # Whether any of :projects (all when NULL) has a pending job: an index probe, unlike COUNT(*).
@@ -102,20 +85,21 @@ class Claim:
     next_due_in: float | None
 
 
-class JobStore(NodeLeases, JobEnds):
+class JobStore(StorePerEngine, NodeLeases, JobEnds):
     """The queue operations over one database."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, tree_max_jobs: int = 0):
         self.engine = engine
+        self.tree_max_jobs = tree_max_jobs  # the jobs a crawl tree may have; 0: no cap
 
     @classmethod
-    def for_url(cls, url: str) -> JobStore:
-        return _store_for_engine(db.get_engine(url))
+    def for_url(cls, url: str, tree_max_jobs: int = 0) -> JobStore:
+        return cls.for_engine(db.get_engine(url), tree_max_jobs)
 
     @classmethod
     def for_settings(cls, settings) -> JobStore:
         """The store of a node, over an engine with the node's pool size and timeout."""
-        return _store_for_engine(db.engine_for_settings(settings))
+        return cls.for_engine(db.engine_for_settings(settings), settings.tree_max_jobs)
 
     @database_errors
     def notify(self, channel: str, payload: str) -> None:
@@ -146,7 +130,7 @@ class JobStore(NodeLeases, JobEnds):
         in_trees = trees.needs_trees(rows)
         connect = db.transaction if refuse_existing or in_trees else db.autocommit
         with connect(self.engine) as connection:
-            known = trees.place_in_trees(connection, project, rows) if in_trees else {}
+            known = trees.place_in_trees(connection, project, rows, self.tree_max_jobs) if in_trees else {}
             new = [row for index, row in enumerate(rows) if index not in known]
             inserted = enqueue.insert_jobs(connection, project, new) if new else []
             if new and not inserted:
@@ -168,7 +152,7 @@ class JobStore(NodeLeases, JobEnds):
     def claim(self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str) -> Claim:
         """``claim_next_jobs``, and what the poller needs for its next claim: delayed jobs that became due, and
         when the next one will."""
-        params = {"limit": max(limit, 0), "node": node, "worker": worker, "now": now(), "channel": NOTIFY_CHANNEL,
+        params = {"limit": max(limit, 0), "node": node, "worker": worker, "channel": NOTIFY_CHANNEL,
                   "projects": None if projects is None else list(projects)}
         if params["projects"] == []:
             return Claim([], 0, None)
@@ -214,11 +198,6 @@ class JobStore(NodeLeases, JobEnds):
         with db.autocommit(self.engine) as connection:
             return connection.execute(CLEAR_PENDING, {"project": project}).rowcount
 
-
-
-@functools.cache
-def _store_for_engine(engine: Engine) -> JobStore:
-    return JobStore(engine)
 
 
 def notify_through_pool(settings):

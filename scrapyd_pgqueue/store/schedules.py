@@ -10,18 +10,24 @@ each one is due is ``timing``'s pure functions.
 from __future__ import annotations
 
 import datetime
-import functools
 import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.store import enqueue
-from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, JobOptions, check_name, database_errors, encode_message
+from scrapyd_pgqueue.store.base import (
+    NOTIFY_CHANNEL,
+    JobOptions,
+    StorePerEngine,
+    check_name,
+    database_errors,
+    encode_message,
+)
 from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 
 # Channel of the NOTIFY sent when a periodic job is added, changed or resumed: nodes recompute when to wake up.
@@ -217,19 +223,8 @@ class Firing:
 # --- operations ------------------------------------------------------------------------------------------------
 
 
-class ScheduleStore:
+class ScheduleStore(StorePerEngine):
     """Periodic jobs and per-spider limits over one database: the operator's changes, and the nodes' firing."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
-    @classmethod
-    def for_url(cls, url: str) -> ScheduleStore:
-        return _schedule_store_for_engine(db.get_engine(url))
-
-    @classmethod
-    def for_settings(cls, settings) -> ScheduleStore:
-        return _schedule_store_for_engine(db.engine_for_settings(settings))
 
     # --- periodic jobs ---
 
@@ -391,8 +386,3 @@ def _moved_on(result, name: str) -> None:
     """The compare-and-set matched: else the due time moved under this node's lock, and its firing is undone."""
     if result.rowcount != 1:
         raise RuntimeError(f"periodic job '{name}': its due time changed while this node held it; not fired")
-
-
-@functools.cache
-def _schedule_store_for_engine(engine: Engine) -> ScheduleStore:
-    return ScheduleStore(engine)

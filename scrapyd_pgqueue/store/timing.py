@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from croniter import croniter
 
 MIN_EVERY_SECONDS = 1.0  # shorter periods are mistakes, and would keep every node firing
+MAX_EVERY_SECONDS = 10 * 365 * 86400.0  # longer ones too, and past a datetime's range they cannot be computed
 
 
 class InvalidScheduleError(ValueError):
@@ -46,6 +47,9 @@ def check_timing(timing: Timing) -> Timing:
             raise InvalidScheduleError(f"every must be a number of seconds, not {every!r}")
         if every < MIN_EVERY_SECONDS:
             raise InvalidScheduleError(f"every must be at least {MIN_EVERY_SECONDS:g} second, not {every:g}")
+        if every > MAX_EVERY_SECONDS:
+            raise InvalidScheduleError(
+                f"every must be at most {MAX_EVERY_SECONDS:.0f} seconds (ten years), not {every:g}")
     return timing
 
 

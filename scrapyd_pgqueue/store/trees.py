@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, Enqueued, InvalidJobError, JobRow, database_errors, now
+from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, IN_TIME, Enqueued, InvalidJobError, JobRow, database_errors
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -41,7 +41,7 @@ OPEN_TREES = text("""
     ON CONFLICT (root_id) DO NOTHING
 """)
 
-# Open the trees of new roots with an _on_complete: open, with the root alone.
+# Open the trees of new roots with an _on_complete or a tree-scoped key: open, with the root alone.
 START_TREES = text("""
     WITH roots AS (
         UPDATE spider_job AS j SET tree_id = j.id
@@ -54,6 +54,15 @@ START_TREES = text("""
     FROM roots JOIN unnest(CAST(:ids AS bigint[]), CAST(:on_completes AS jsonb[])) AS c(id, on_complete)
          ON c.id = roots.id
     ON CONFLICT (root_id) DO UPDATE SET on_complete = EXCLUDED.on_complete
+""")
+
+# The job counts of :tree_ids, their rows locked until the enqueue commits (in one order: no deadlock between two
+# batches of several trees), so that two batches scheduled at once into a full tree cannot both pass its cap; the
+# insert's trigger takes the same lock anyway. NO KEY UPDATE, as the trigger's update: FOR UPDATE would wait for the
+# key share that another batch's tree keys hold on the row (their foreign key), while it waits for ours: a deadlock.
+LOCK_TREE_TOTALS = text("""
+    SELECT root_id, root_job, total FROM spider_tree WHERE root_id = ANY(:tree_ids) ORDER BY root_id
+    FOR NO KEY UPDATE
 """)
 
 # Which of :tree_ids were cancelled (cancel.json _tree=1): their new children are cancelled at once.
@@ -72,7 +81,7 @@ CLAIM_TREE_KEYS = text("""
 CANCEL_NEW_CHILDREN = text("""
     UPDATE spider_job
     SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
-        end_time = :now
+        end_time = now()
     WHERE id = ANY(:ids) AND status IN ('delayed', 'pending')
 """)
 
@@ -108,20 +117,22 @@ TREE_FAILURES = text("""
 """)
 
 # Cancel a whole tree: mark it (children scheduled later are cancelled as they come), cancel its waiting jobs, and
-# ask the nodes running its running jobs to signal them (one request each, NOTIFY as cancel.json does).
-CANCEL_TREE = text("""
-    WITH tree AS (
-        UPDATE spider_tree SET cancelled = true WHERE root_id = :tree_id RETURNING root_id
+# ask the nodes running its running jobs to signal them (one request each, NOTIFY as cancel.json does). Only while
+# the caller still waits for the answer (IN_TIME), as one job's.
+CANCEL_TREE = text(f"""
+    WITH {IN_TIME}, tree AS (
+        UPDATE spider_tree SET cancelled = true WHERE root_id = :tree_id AND (SELECT ok FROM in_time)
+        RETURNING root_id
     ), waiting AS (
         UPDATE spider_job
         SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
-            end_time = :now
-        WHERE (tree_id = :tree_id OR id = :tree_id) AND status IN ('delayed', 'pending')
+            end_time = now()
+        WHERE (tree_id = :tree_id OR id = :tree_id) AND status IN ('delayed', 'pending') AND (SELECT ok FROM in_time)
         RETURNING id
     ), running AS (
         UPDATE spider_job
         SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
-        WHERE (tree_id = :tree_id OR id = :tree_id) AND status = 'ongoing'
+        WHERE (tree_id = :tree_id OR id = :tree_id) AND status = 'ongoing' AND (SELECT ok FROM in_time)
         RETURNING id, project, job, worker, cancel_requests, cancel_signal
     ), notified AS (
         SELECT pg_notify(:channel, CAST(json_build_object(
@@ -130,12 +141,13 @@ CANCEL_TREE = text("""
         FROM running
     )
     SELECT (SELECT count(*) FROM waiting) AS cancelled, (SELECT count(*) FROM running) AS signalled,
-           (SELECT count(*) FROM notified) AS notified, (SELECT count(*) FROM tree) AS trees
+           (SELECT count(*) FROM notified) AS notified, (SELECT count(*) FROM tree) AS trees,
+           (SELECT ok FROM in_time) AS in_time
 """)
 
 # The second half of a tree's cancel, in a statement of its own: a job a node claimed while CANCEL_TREE ran was
 # pending in that statement's snapshot and ongoing once its row lock was released, so neither part saw it running.
-# A new snapshot does; only jobs not asked yet.
+# A new snapshot does; only jobs not asked yet. Not bound by the answer's time: it completes a cancel made in time.
 SIGNAL_MISSED = text("""
     WITH running AS (
         UPDATE spider_job
@@ -153,13 +165,18 @@ SIGNAL_MISSED = text("""
 
 
 def needs_trees(rows: list[dict[str, Any]]) -> bool:
-    return any(row["parent"] is not None or row["on_complete"] is not None for row in rows)
+    return any(row["parent"] is not None or _starts_tree(row) for row in rows)
 
 
-def place_in_trees(connection, project: str, rows: list[dict[str, Any]]) -> dict[int, Enqueued]:
+def _starts_tree(row: dict[str, Any]) -> bool:
+    """A root whose tree opens with it: it has an _on_complete, or a key in the tree it starts."""
+    return row["parent"] is None and (row["on_complete"] is not None or row["tree_key"] is not None)
+
+
+def place_in_trees(connection, project: str, rows: list[dict[str, Any]], max_jobs: int = 0) -> dict[int, Enqueued]:
     """Give each row with a parent its parent's row and tree (opening the tree on a root's first child), and take
     its tree-scoped key. Rows whose key the tree already had are not to be inserted: returned by index with the
-    job that has the key."""
+    job that has the key. InvalidJobError when the new jobs would take a tree past ``max_jobs`` (0: no cap)."""
     parents = sorted({row["parent"] for row in rows if row["parent"] is not None})
     if not parents:
         return {}
@@ -173,11 +190,32 @@ def place_in_trees(connection, project: str, rows: list[dict[str, Any]]) -> dict
     for row in rows:
         if row["parent"] is not None:
             row["parent_id"], row["tree_id"] = found[row["parent"]].id, found[row["parent"]].tree_id
-    return _take_tree_keys(connection, rows)
+    known = _take_tree_keys(connection, rows)
+    if max_jobs > 0:
+        _refuse_past_cap(connection, [row for i, row in enumerate(rows) if i not in known], max_jobs)
+    return known
+
+
+def _refuse_past_cap(connection, new_rows: list[dict[str, Any]], max_jobs: int) -> None:
+    """InvalidJobError naming the first tree that ``new_rows`` (the children to insert) would take past
+    ``max_jobs`` jobs (every job it ever had, pruned ones included); the caller's transaction rolls back."""
+    adding: dict[int, int] = {}
+    for row in new_rows:
+        if row["tree_id"] is not None:
+            adding[row["tree_id"]] = adding.get(row["tree_id"], 0) + 1
+    if not adding:
+        return
+    for tree in connection.execute(LOCK_TREE_TOTALS, {"tree_ids": sorted(adding)}):
+        if tree.total + adding[tree.root_id] > max_jobs:
+            room = max(max_jobs - tree.total, 0)
+            raise InvalidJobError(
+                f"the tree of root job '{tree.root_job}' has {tree.total} jobs and may have at most {max_jobs} "
+                f"(tree_max_jobs): {adding[tree.root_id]} more refused ({room} would fit)"
+            )
 
 
 def _take_tree_keys(connection, rows: list[dict[str, Any]]) -> dict[int, Enqueued]:
-    keyed = [(i, row) for i, row in enumerate(rows) if row["tree_key"] is not None]
+    keyed = [(i, row) for i, row in enumerate(rows) if row["tree_key"] is not None and row["parent"] is not None]
     if not keyed:
         return {}
     first: dict[tuple[int, str], int] = {}
@@ -198,21 +236,29 @@ def _take_tree_keys(connection, rows: list[dict[str, Any]]) -> dict[int, Enqueue
 
 
 def start_trees(connection, rows: list[dict[str, Any]], enqueued: list[Enqueued]) -> None:
-    """Open the trees of new roots with an _on_complete, and cancel children that joined a cancelled tree."""
-    roots = [(result.id, row) for row, result in zip(rows, enqueued)
-             if row["on_complete"] is not None and not result.existing]
+    """Open the trees of new roots with an _on_complete or a tree-scoped key (the root takes the key in its own
+    tree: a descendant scheduling it gets the root's job id), and cancel children that joined a cancelled tree."""
+    roots = [(result.id, row) for row, result in zip(rows, enqueued) if _starts_tree(row) and not result.existing]
     if roots:
         connection.execute(START_TREES, {
             "ids": [job_id for job_id, _ in roots],
-            "on_completes": [json.dumps({"spider": row["on_complete"], "args": row["on_complete_args"] or {}})
+            "on_completes": [None if row["on_complete"] is None else
+                             json.dumps({"spider": row["on_complete"], "args": row["on_complete_args"] or {}})
                              for _, row in roots],
         })
+        keyed = [(job_id, row) for job_id, row in roots if row["tree_key"] is not None]
+        if keyed:
+            connection.execute(CLAIM_TREE_KEYS, {
+                "tree_ids": [job_id for job_id, _ in keyed],
+                "keys": [row["tree_key"] for _, row in keyed],
+                "jobs": [row["job"] for _, row in keyed],
+            })
     tree_ids = sorted({row["tree_id"] for row in rows if row.get("tree_id") is not None})
     if tree_ids:
         cancelled = set(connection.execute(CANCELLED_TREES, {"tree_ids": tree_ids}).scalars())
         ids = [result.id for row, result in zip(rows, enqueued) if row.get("tree_id") in cancelled]
         if ids:
-            connection.execute(CANCEL_NEW_CHILDREN, {"ids": ids, "now": now()})
+            connection.execute(CANCEL_NEW_CHILDREN, {"ids": ids})
 
 
 # --- the tree's view and cancel --------------------------------------------------------------------------------
@@ -286,7 +332,10 @@ class TreeQueries:
             found = connection.execute(LINEAGE, {"job": root, "project": project}).first()
             if found is None:
                 return None
-            params = {"tree_id": found.tree_id, "now": now(), "signal": signal, "channel": CANCEL_CHANNEL}
+            params = {"tree_id": found.tree_id, "signal": signal, "channel": CANCEL_CHANNEL,
+                      "answer_by": db.answer_by()}
             row = connection.execute(CANCEL_TREE, params).one()
+            if not row.in_time:
+                raise db.too_late(self.engine, "nothing was cancelled")
             missed = connection.execute(SIGNAL_MISSED, params).scalar_one()
         return {"cancelled": row.cancelled, "signalled": row.signalled + missed}

@@ -1,8 +1,8 @@
 """The node's web pages for the whole cluster: ``/jobs`` (Scrapyd's page, cluster-wide), ``/dashboard`` and
-``/metrics``. ``scrapyd_pgqueue.website.Root`` (Scrapyd's ``webroot`` option) mounts them.
+``/metrics``. ``root.Root`` (Scrapyd's ``webroot`` option, ``scrapyd_pgqueue.website.Root``) mounts them.
 
 - ``page``: what every page shares: rendering off the reactor, the layout, escaping.
 - ``jobs``: Scrapyd's jobs page with every node's jobs (ScrapydWeb reads it: stock columns first).
 - ``dashboard`` and ``svg``: nodes, queue depth, throughput charts and failures, server-rendered.
-- ``metrics``: the Prometheus exposition: this node's counters and the cluster's gauges.
+- ``prometheus``: ``/metrics``, the Prometheus exposition: this node's counters and the cluster's gauges.
 """

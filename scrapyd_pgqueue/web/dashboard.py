@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.store import COUNT_CAP, ClusterStore, OverviewStore, ScheduleStore
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import COUNT_CAP, ClusterStore, OverviewStore, ScheduleStore, local_time
 from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, log_path, no_microseconds
 from scrapyd_pgqueue.web.svg import minute_chart
 
@@ -135,7 +136,7 @@ def render_failures(jobs, view) -> str:
     rows = [
         f'<tr class="failure"><td>{esc(job.project)}</td><td>{esc(job.spider)}</td><td>{esc(job.job)}</td>'
         f"<td>{esc(job.outcome)}</td><td>{esc(job.reason)}</td><td>{esc(job.node)}</td>"
-        f"<td>{esc(no_microseconds(job.end_time))}</td>"
+        f"<td>{esc(no_microseconds(local_time(job.end_time)))}</td>"
         f'<td><a href="{view.base}{esc(log_path(job.project, job.spider, job.job))}">Log</a></td></tr>'
         for job in jobs
     ]
@@ -202,7 +203,7 @@ class DashboardPage(ThreadedPage):
         except ValueError:
             hours = DEFAULT_HOURS
         settings = self.root.settings
-        view = View(self.base_path(request), datetime.datetime.now(), hours, settings)
+        view = View(self.base_path(request), local_time(db.database_now()), hours, settings)
         cluster, overview = ClusterStore.for_settings(settings), OverviewStore.for_settings(settings)
         parts = [render_summary(fetch_summary(cluster, overview, view), view)]
         for section in SECTIONS:

@@ -11,12 +11,12 @@ name, which a browser elsewhere usually cannot resolve (a container's name): the
 
 from __future__ import annotations
 
-import datetime
 import functools
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from scrapyd_pgqueue.store import ClusterStore, OverviewStore
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, ClusterStore, OverviewStore, local_time
 from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, log_path, no_microseconds
 
 STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
@@ -59,13 +59,26 @@ class JobsPage(ThreadedPage):
 
     def build(self, request) -> bytes:
         try:
-            offset = max(0, int(request.args.get(b"pending_offset", [b"0"])[0]))
+            offset = min(MAX_PENDING_OFFSET, max(0, int(request.args.get(b"pending_offset", [b"0"])[0])))
         except ValueError:
             offset = 0
         data = self.fetch(offset)
         base = self.base_path(request)
         rows = Rows(self, base, data.node_urls)
         span = len(self.headers)
+        sections = "\n".join(
+            f"""<tbody>
+<tr>
+    <th colspan="{span}">{title}</th>
+</tr>
+{"".join(row(job) for job in jobs)}
+</tbody>"""
+            for title, row, jobs in (
+                ("Pending", rows.pending, data.pending),
+                ("Running", rows.running, data.running),
+                ("Finished", rows.finished, data.finished),
+            )
+        )
         body = f"""<h1>Jobs</h1>
 <p><a href="{base}/">Go up</a> · <a href="{base}/dashboard">Dashboard</a> · every node of the cluster (this page:
 {esc(self.root.node_name)})</p>
@@ -74,24 +87,7 @@ class JobsPage(ThreadedPage):
 <thead>
 {row_html(f"<th>{header}</th>" for header in self.headers)}
 </thead>
-<tbody>
-<tr>
-    <th colspan="{span}">Pending</th>
-</tr>
-{"".join(rows.pending(job) for job in data.pending)}
-</tbody>
-<tbody>
-<tr>
-    <th colspan="{span}">Running</th>
-</tr>
-{"".join(rows.running(job) for job in data.running)}
-</tbody>
-<tbody>
-<tr>
-    <th colspan="{span}">Finished</th>
-</tr>
-{"".join(rows.finished(job) for job in data.finished)}
-</tbody>
+{sections}
 </table>"""
         return document("Scrapyd", body)
 
@@ -139,18 +135,19 @@ class Rows:
         })
 
     def running(self, job) -> str:
-        start = no_microseconds(job.start_time)
+        start = job.start_time
+        runtime = no_microseconds(db.database_now() - start) if start else None  # the same clock as start_time
         return self.row({
             "Project": esc(job.project), "Spider": esc(job.spider), "Job": esc(job.job), "PID": esc(job.pid),
-            "Start": esc(start), "Runtime": esc(no_microseconds(datetime.datetime.now() - start) if start else None),
+            "Start": esc(no_microseconds(local_time(start))), "Runtime": esc(runtime),
             "Log": self.log_link(job, stored=False), "Items": self.items_link(job),
             "Cancel": self.cancel_button(job.project, job.job), "Node": esc(job.node),
         })
 
     def finished(self, job) -> str:
         ran = job.node is not None  # a job cancelled while pending never started
-        start = no_microseconds(job.start_time) if ran else None
-        end = no_microseconds(job.end_time)
+        start = no_microseconds(local_time(job.start_time)) if ran else None
+        end = no_microseconds(local_time(job.end_time))
         return self.row({
             "Project": esc(job.project), "Spider": esc(job.spider), "Job": esc(job.job), "Start": esc(start),
             "Runtime": esc(end - start if start and end else None), "Finish": esc(end),

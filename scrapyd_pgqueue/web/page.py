@@ -1,5 +1,6 @@
-"""What the pages share: each is built in a thread (its store calls are bounded by ``database_timeout``), never on
-the reactor; the layout looks like Scrapyd's own pages; everything from users is escaped."""
+"""What the pages share: each is built in the node's web threads (``offload``; its store calls are bounded by
+``database_timeout``), never on the reactor; the layout looks like Scrapyd's own pages; everything from users is
+escaped."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import datetime
 import html
 from urllib.parse import quote
 
-from twisted.internet import threads
 from twisted.logger import Logger
 from twisted.web import resource, server
 
-from scrapyd_pgqueue import metrics
+from scrapyd_pgqueue import offload
 from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.node import metrics
 
 log = Logger()
 
@@ -76,9 +77,8 @@ class ThreadedPage(resource.Resource):
         raise NotImplementedError
 
     def render_GET(self, request):
-        finished = []
-        request.notifyFinish().addBoth(finished.append)  # the client went away: nothing to write
-        threads.deferToThread(self.build, request).addCallbacks(
+        finished = offload.watch(request)
+        offload.in_thread(self.build, request).addCallbacks(
             self._write, self._fail, callbackArgs=(request, finished), errbackArgs=(request, finished)
         )
         return server.NOT_DONE_YET

@@ -23,6 +23,7 @@ class SleeperSpider(RecordingSpider):
 
     async def parse(self, response):
         started = time.time()
+        self.logger.info("Sleeping in the callback")  # tests wait for it: a graceful stop now waits for the sleep
         # Non-blocking sleep (asyncio.sleep or deferLater, depending on the
         # reactor): the reactor keeps running, so the crawl stays responsive.
         await sleep(self.seconds if self.until is None else max(self.until - time.time(), 0))

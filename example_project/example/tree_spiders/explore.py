@@ -1,11 +1,13 @@
 """Explore a site of unknown size, one job per section: each page spawns a child job per section it links to.
 
     curl http://node:6800/schedule.json -d project=trees -d spider=explore -d site=http://site.internal \
+         -d _unique_key=section:0 -d _unique_scope=tree \
          -d _on_complete=tree_summary -d '_on_complete_args={"node": "http://node:6800/"}'
 
 Every section is crawled once in the whole tree, however many pages link to it (``unique_key`` in tree scope):
-the first job to find it schedules it, the others get the existing job's id. When the last job of the tree has
-ended, the ``tree_summary`` job runs once.
+the first job to find it schedules it, the others get the existing job's id. The root holds its own section's key
+(``_unique_key=section:0`` with ``_unique_scope=tree``), so pages linking back to the home page schedule nothing.
+When the last job of the tree has ended, the ``tree_summary`` job runs once.
 """
 
 import asyncio
@@ -20,9 +22,8 @@ from scrapyd_pgqueue.crawl import FollowUp
 
 class ExploreSpider(RecordingSpider):
     """Crawl ``{site}/section/{section}`` (default: section ``0``, the home page) and schedule a child job for each
-    section it links to. ``home``: the tree's first section, never scheduled again (children get it from their
-    parent). ``until``: Unix seconds; the crawl (and its children) wait until then before closing, so that many
-    end at the same instant."""
+    section it links to, keyed ``section:<id>`` in the tree. ``until``: Unix seconds; the crawl (and its children)
+    wait until then before closing, so that many end at the same instant."""
 
     name = "explore"
 
@@ -30,7 +31,6 @@ class ExploreSpider(RecordingSpider):
         super().__init__(*args, **kwargs)
         self.site = kwargs["site"].rstrip("/")
         self.section = kwargs.get("section", "0")
-        self.home = kwargs.get("home", self.section)
         self.until = kwargs.get("until")
 
     async def start(self):
@@ -40,8 +40,8 @@ class ExploreSpider(RecordingSpider):
         links = [href.rsplit("/", 1)[-1] for href in response.css("a.section::attr(href)").getall()]
         yield {"job": self.job, "section": self.section, "title": response.css("h1::text").get(), "links": links}
         for section in links:
-            if section not in (self.home, self.section):
-                args = {"site": self.site, "section": section, "home": self.home}
+            if section != self.section:
+                args = {"site": self.site, "section": section}
                 if self.until:
                     args["until"] = self.until
                 yield FollowUp("explore", args, unique_key=f"section:{section}")

@@ -27,17 +27,17 @@ NEXT_DUE_FUNCTION = """
     $$
 """
 
-# Claim the next p_limit pending jobs of p_projects (all when NULL) for a node; the store's CLAIM_NEXT_JOBS calls it
-# and store/queue.py says what each step is for. Why a function: the claim as one SQL statement (promotion, limits,
-# summary) cost more to plan (0.5-0.7 ms) than to run (0.2 ms), on every call. Here each step is a small statement,
-# cheap to plan, and a step a claim does not need is not run: promotion when nothing is due (the next due time, read
-# first, is also the summary's), the limits when the projects have none. PL/pgSQL keeps the plans it can reuse in
-# the server connection (which works behind PgBouncer's transaction pooling, unlike prepared statements); the claim
-# itself is planned for its values on each call (a generic plan cannot know that a project is small, and would read
-# the whole backlog's index for it). id = ANY(ARRAY(...)) updates the locked rows through the primary key, whatever
-# LIMIT is. Each statement of a VOLATILE function takes a fresh snapshot, so jobs promoted by the first step are
-# claimable by the next one (in the same call), and a limited spider's running jobs are counted after its limit row
-# is locked.
+# Claim the next p_limit pending jobs of p_projects (all when NULL) for a node; the store's CLAIM_NEXT_JOBS calls it.
+# store/schema.sql holds its current SQL (as 0007 changed it), with the reason for each step beside it. Why a
+# function: the claim as one SQL statement (promotion, limits, summary) cost more to plan (0.5-0.7 ms) than to run
+# (0.2 ms), on every call. Here each step is a small statement, cheap to plan, and a step a claim does not need is not
+# run: promotion when nothing is due (the next due time, read first, is also the summary's), the limits when the
+# projects have none. PL/pgSQL keeps the plans it can reuse in the server connection (which works behind PgBouncer's
+# transaction pooling, unlike prepared statements); the claim itself is planned for its values on each call (a generic
+# plan cannot know that a project is small, and would read the whole backlog's index for it). id = ANY(ARRAY(...))
+# updates the locked rows through the primary key, whatever LIMIT is. Each statement of a VOLATILE function takes a
+# fresh snapshot, so jobs promoted by the first step are claimable by the next one (in the same call), and a limited
+# spider's running jobs are counted after its limit row is locked.
 CLAIM_FUNCTION = """
     CREATE FUNCTION claim_spider_jobs(
         p_projects text[], p_limit integer, p_node text, p_worker text, p_start timestamp, p_channel text

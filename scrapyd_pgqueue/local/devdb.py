@@ -150,12 +150,19 @@ class LocalPostgres:
         children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
         processes = [postmaster, *map(int, children)]
         for pid in processes:
-            os.kill(pid, signal.SIGSTOP)
+            _signal_if_alive(pid, signal.SIGSTOP)
         try:
             yield
         finally:
-            for pid in processes:
-                os.kill(pid, signal.SIGCONT)
+            # Children first: the postmaster, once resumed, reaps a child that was already exiting when paused.
+            for pid in reversed(processes):
+                _signal_if_alive(pid, signal.SIGCONT)
+
+
+def _signal_if_alive(pid: int, signum: int) -> None:
+    """A backend may end between pgrep and the signal (a client that disconnected): nothing to pause then."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
 
 
 class ContainerPostgres:

@@ -1,13 +1,17 @@
 """IJobStorage over the shared ``spider_job`` table: finished jobs of the whole cluster.
 
 Never stores ``job.env``: it is a copy of the node's environment, database password included. Stores the tail of
-each finished job's log (``log_max_bytes``), so that every node can serve it (``Logs`` in webservice.py).
+each finished job's log (``log_max_bytes``), so that every node can serve it (``Logs`` in ``services/jobs.py``).
+
+A finish is written on its own (``record``); pruning and vacuuming after it (``tidy``) never undo or fail it: a
+finish stays written whatever the prune does (a role without DELETE, a prune past ``statement_timeout``).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass, field
 
 from twisted.logger import Logger
@@ -18,9 +22,13 @@ from scrapyd.interfaces import IJobStorage
 from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.models import FINISHED
-from scrapyd_pgqueue.store import ClusterStore, JobStore, QueueMaintenance
+from scrapyd_pgqueue.store import ClusterStore, JobStore, QueueMaintenance, local_time
+from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
+
+# Seconds finishes skip pruning after a prune failed: one failing prune a minute, not one (and its wait) per finish.
+PRUNE_RETRY_SECONDS = 60.0
 
 
 @dataclass
@@ -48,12 +56,21 @@ class PostgresJobStorage:
         self.store = JobStore.for_settings(settings)
         self.node = settings.node_name
         self.finished_to_keep = settings.finished_to_keep
+        self.dead_to_keep = settings.dead_to_keep
         self.cluster_store = ClusterStore.for_settings(settings)
         self.logs_dir = config.get("logs_dir", "logs") if config is not None else ""
         self.log_max_bytes = settings.log_max_bytes
         self.maintenance = QueueMaintenance.for_settings(settings)
+        self.next_prune = 0.0  # monotonic: no prune before (set after a failed one)
+        self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
 
     def add(self, job):
+        """Record a finished job (raises when it is not written), then prune and vacuum (which never raise)."""
+        self.record(job)
+        self.tidy()
+
+    def record(self, job):
+        """Write a finished job's row and log; raises when the finish is not written (the caller retries it)."""
         claimed = getattr(job, "claimed", None)
         if claimed is not None:
             self.save_log(job)  # first: once any node reports the job finished, its log is there to serve
@@ -77,7 +94,19 @@ class PostgresJobStorage:
                      "attempt took it over: its result is not recorded", job=job.job, project=job.project)
         if claimed is None:
             self.save_log(job)  # a job known by its id only: its row may exist only now
-        self.store.prune_terminated(self.finished_to_keep)
+
+    def tidy(self):
+        """Prune the finished jobs beyond ``finished_to_keep``, then vacuum when due. Never raises: the finishes
+        before it are written already; a failing prune is said once with a count and tried again a minute later."""
+        if time.monotonic() >= self.next_prune:
+            try:
+                self.store.prune_terminated(self.finished_to_keep, self.dead_to_keep)
+            except Exception as e:  # noqa: BLE001 - whatever it is, it must not cost a finish
+                self.next_prune = time.monotonic() + PRUNE_RETRY_SECONDS
+                self.trouble.report(f"Could not prune the finished jobs beyond finished_to_keep "
+                                    f"({self.finished_to_keep}), trying again in a minute: {e}", key="prune")
+            else:
+                self.trouble.clear("prune")
         self.maintenance.vacuum_when_due()  # the nodes that make dead rows clear them (autovacuum is too rare)
 
     def save_log(self, job):
@@ -112,8 +141,8 @@ class PostgresJobStorage:
                 project=row.project,
                 spider=row.spider,
                 job=row.job,
-                start_time=row.start_time,
-                end_time=row.end_time,
+                start_time=local_time(row.start_time),
+                end_time=local_time(row.end_time),
                 pid=row.pid,
                 node=row.node,
                 outcome=row.outcome,

@@ -2,8 +2,9 @@
 
 ``LeaseKeeper`` heartbeats and recovers other nodes' expired leases (only after a whole lease of prompt heartbeats
 of its own: a stall is not a death); ``LeaseWatch`` (``on_lease_lost = stop``) stops this node's crawls before its
-lease can expire. Used by ``PostgresLauncher``; threads, not the reactor, which may be blocked for as long as a web
-request waits for the database.
+lease can expire. Used by ``PostgresLauncher``; threads, not the reactor, which may be busy for seconds (a
+launcher's work, Twisted's own). The keeper's statements go through a connection of its own, not the node's pool:
+requests, finishes and maintenance holding every pooled connection cannot delay a heartbeat.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.db import ThrottledLog
+from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
 
@@ -26,9 +28,9 @@ log = Logger()
 class LeaseKeeper(threading.Thread):
     """Renews this process's lease every ``heartbeat_interval`` and recovers other processes' expired leases.
 
-    A thread of its own, not the reactor: schedule.json runs ``scrapy list`` on the reactor and the web services
-    wait for the database on it, so it can be busy for seconds while the node's crawls run on, and that must not
-    cost the node its jobs. A stopping node keeps its lease until it has handed its jobs back, and recovers
+    A thread of its own, not the reactor: the reactor can be busy for seconds while the node's crawls run on (it
+    starts and records crawls, and a slow request's answer is written there), and that must not cost the node
+    its jobs. A stopping node keeps its lease until it has handed its jobs back, and recovers
     nobody's.
 
     A stall is not a death. A heartbeat is *prompt* when it completes within one heartbeat interval (it is given
@@ -48,6 +50,7 @@ class LeaseKeeper(threading.Thread):
         super().__init__(name="pgqueue-lease", daemon=True)
         self.launcher = launcher
         self.settings = launcher.settings
+        self.store = JobStore(db.lease_engine_for_settings(self.settings))  # a connection the node's work never holds
         self.stopping = threading.Event()
         self.healthy_since: float | None = None  # monotonic start of the unbroken run of prompt heartbeats
         self.renewed_at = time.monotonic()  # start of the last successful heartbeat (registration counts)
@@ -71,8 +74,8 @@ class LeaseKeeper(threading.Thread):
 
     def beat(self, started: float) -> None:
         launcher, settings = self.launcher, self.settings
-        if not launcher.store.heartbeat(pgconfig.WORKER_ID):
-            launcher.store.register_node(
+        if not self.store.heartbeat(pgconfig.WORKER_ID):
+            self.store.register_node(
                 worker=pgconfig.WORKER_ID, name=settings.node_name, url=launcher.url, max_proc=launcher.max_proc
             )
         now = time.monotonic()
@@ -86,7 +89,7 @@ class LeaseKeeper(threading.Thread):
             self.report_jobs_taken_over()
         if launcher.stopping or now - self.healthy_since < settings.lease_seconds:
             return
-        recovered = launcher.store.recover_expired_leases(
+        recovered = self.store.recover_expired_leases(
             worker=pgconfig.WORKER_ID, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts
         )
         if recovered:
@@ -99,7 +102,7 @@ class LeaseKeeper(threading.Thread):
         launcher = self.launcher
         crawls = [*launcher.processes.copy().values(), *list(launcher.unrecorded)]
         claims = [crawl.claimed for crawl in crawls if crawl.claimed is not None and crawl.claimed.id not in self.told]
-        for job in launcher.store.claims_taken_over(claims, worker=pgconfig.WORKER_ID):
+        for job in self.store.claims_taken_over(claims, worker=pgconfig.WORKER_ID):
             self.told.add(job.id)
             where = {
                 "ongoing": f"{job.node} runs it now",
@@ -112,8 +115,8 @@ class LeaseKeeper(threading.Thread):
 class LeaseWatch(threading.Thread):
     """``on_lease_lost = stop``: stops this node's crawls before its lease can expire (see LeaseKeeper).
 
-    A thread of its own that signals the crawl processes directly: the reactor may be blocked for as long as a web
-    request waits for a database that does not answer, and the heartbeat thread for one heartbeat.
+    A thread of its own that signals the crawl processes directly: neither the reactor nor the heartbeat thread
+    (blocked for one heartbeat by a database that does not answer) may hold it up.
     """
 
     CHECK_EVERY = 0.25

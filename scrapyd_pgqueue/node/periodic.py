@@ -4,7 +4,8 @@ store's compare-and-set decides between nodes; there is no leader to lose).
 A timer on the reactor, no thread of its own: it sleeps until the earliest due time (the database's clock says in
 how many seconds), at most ``MAX_SLEEP`` so that schedules added while a NOTIFY was lost are seen; a NOTIFY on
 ``PERIODIC_CHANNEL`` (a schedule added, changed or resumed) wakes it at once. The database work runs in Twisted's
-thread pool, never on the reactor. No reactor import at module level (GUIDE trap 11).
+thread pool, never on the reactor. No reactor import at module level: importing it installs Twisted's default
+reactor, which a process that later runs Scrapy (and installs its asyncio reactor) cannot change.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from twisted.internet import threads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from scrapyd_pgqueue import notifications
-from scrapyd_pgqueue.db import ThrottledLog
+from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.store import PERIODIC_CHANNEL, Firing, ScheduleStore
+from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
 

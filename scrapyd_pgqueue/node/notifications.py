@@ -1,7 +1,8 @@
 """One LISTEN connection per node, for every channel: new jobs, cancel requests, deployed eggs.
 
 A thread with a blocking ``select`` rather than a socket watched by Twisted's reactor: libpq closes the socket
-itself when the server goes away, and an epoll reactor then keeps a stale descriptor registered (GUIDE trap 10).
+itself when the server goes away, and an epoll reactor then keeps a stale descriptor registered (and may watch a
+reused one).
 It reconnects for ever with a capped backoff and tells subscribers after each reconnect, since notifications
 sent while it was away are lost (NOTIFY is a hint; polling and heartbeats are the floor).
 
@@ -22,6 +23,7 @@ import psycopg2
 from psycopg2 import sql
 
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class Listener(threading.Thread):
         self.connected = threading.Event()
         self.poll_only = threading.Event()  # LISTEN does not work through this URL: subscribers must poll
         self.probe_channel = f"scrapyd_pgqueue_probe_{uuid.uuid4().hex[:16]}"
-        self.trouble = db.ThrottledLog(log.warning)
+        self.trouble = ThrottledLog(log.warning)
 
     def subscribe(self, channel: str, callback, on_reconnect=None) -> None:
         """Call ``callback(payload)`` for each NOTIFY on ``channel``; ``on_reconnect()`` after each reconnect."""

@@ -3,7 +3,7 @@
 from zope.interface import implementer
 
 from scrapyd.interfaces import ISpiderQueue
-from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue import config as pgconfig, roles
 from scrapyd_pgqueue.application import warn_half_configuration
 from scrapyd_pgqueue.job_requests import OPTION_FIELDS, options_from_fields
 from scrapyd_pgqueue.store import JobStore
@@ -15,6 +15,7 @@ class PostgresSpiderQueue:
         warn_half_configuration(config)  # the explicit form runs Scrapyd's application: say what is missing
         settings = pgconfig.settings(config)
         self.store = JobStore.for_settings(settings)
+        roles.warn_if_privileged(self.store.engine)  # once per process: the node's first queue, at start-up
         self.node = settings.node_name
         self.default_retries = settings.default_retries
         self.project = project

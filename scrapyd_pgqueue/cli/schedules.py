@@ -2,13 +2,14 @@
 
 Like the other operator commands they talk to the database directly (``store.ScheduleStore``): they work with every
 node down, and the nodes see the change at once (a NOTIFY) or at their next look. Tables for people; ``--json``
-for scripts. ``periodic_job`` applies schedule.json's rules to a periodic job's spider arguments and settings, here
-and in the HTTP services (``schedule_services``).
+for scripts. ``job_requests.periodic_job`` applies schedule.json's rules to a periodic job's spider arguments and
+settings, here and in the HTTP services.
 """
 
 from __future__ import annotations
 
-from scrapyd_pgqueue import admin
+from scrapyd_pgqueue.cli.output import fail, print_json, table, when
+from scrapyd_pgqueue.job_requests import periodic_job
 
 PERIODIC_HELP = "jobs fired on a schedule (cron or every N seconds) by whichever node is alive, once per due time"
 LIMIT_HELP = "cluster-wide limits: at most N crawls of a spider at once on all nodes together"
@@ -63,18 +64,6 @@ def add_commands(commands, database_url_argument) -> None:
     limit_remove.add_argument("spider", metavar="SPIDER")
 
 
-def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC", priority=0.0, args=None,
-                 settings=None, overlap="skip"):
-    """A PeriodicJob checked by schedule.json's rules for what reaches the crawl (RefusedJob or
-    InvalidScheduleError say why not)."""
-    from scrapyd_pgqueue.job_requests import job_from_json
-    from scrapyd_pgqueue.store import PeriodicJob, Timing, check_timing
-
-    timing = check_timing(Timing(cron=cron, timezone=timezone, every_seconds=every))
-    job_from_json({"spider": spider, "args": args or {}, "settings": settings or {}})  # RefusedJob: what is wrong
-    return PeriodicJob(name, project, spider, timing, priority, dict(args or {}), dict(settings or {}), overlap)
-
-
 def _store(args):
     from scrapyd_pgqueue.store import ScheduleStore
 
@@ -111,26 +100,26 @@ def run_add(args) -> int:
         )
         due = _store(args).add_periodic(job)
     except (ValueError, RefusedJob, InvalidScheduleError, DuplicateScheduleError) as e:
-        return admin._fail(str(e))
+        return fail(str(e))
     if args.json:
-        admin._print_json({"name": args.name, "next_fire_time": due})
+        print_json({"name": args.name, "next_fire_time": due})
     else:
-        print(f"Periodic job {args.name} added: {args.project}/{args.spider}, first due {admin._when(due)}.")
+        print(f"Periodic job {args.name} added: {args.project}/{args.spider}, first due {when(due)}.")
     return 0
 
 
 def run_list(args) -> int:
     rows = _store(args).list_periodic(args.project)
     if args.json:
-        admin._print_json({"periodic": rows})
+        print_json({"periodic": rows})
         return 0
     print(f"Periodic jobs: {len(rows)}")
     if rows:
-        print(admin.table(
+        print(table(
             ["NAME", "PROJECT", "SPIDER", "SCHEDULE", "OVERLAP", "STATE", "NEXT", "LAST JOB", "LAST STATUS", "FIRED",
              "SKIPPED"],
             [(r.name, r.project, r.spider, _schedule(r), r.overlap, "paused" if r.paused else "active",
-              admin._when(r.next_fire_time), r.last_job, r.last_status, r.fired, r.skipped) for r in rows],
+              when(r.next_fire_time), r.last_job, r.last_status, r.fired, r.skipped) for r in rows],
         ))
     return 0
 
@@ -153,13 +142,13 @@ def _change(args, operation: str, state: str, answer: dict) -> int:
     try:
         due = getattr(_store(args), operation)(args.name)
     except ScheduleNotFoundError as e:
-        return admin._fail(str(e))
+        return fail(str(e))
     if due is not None:
         answer = {**answer, "next_fire_time": due}
     if args.json:
-        admin._print_json({"name": args.name, **answer})
+        print_json({"name": args.name, **answer})
     else:
-        print(f"Periodic job {args.name} {state}{f', next due {admin._when(due)}' if due is not None else ''}.")
+        print(f"Periodic job {args.name} {state}{f', next due {when(due)}' if due is not None else ''}.")
     return 0
 
 
@@ -172,9 +161,9 @@ def run_limit_set(args) -> int:
     try:
         _store(args).set_limit(args.project, args.spider, args.max_running)
     except InvalidScheduleError as e:
-        return admin._fail(str(e))
+        return fail(str(e))
     if args.json:
-        admin._print_json({"project": args.project, "spider": args.spider, "max_running": args.max_running})
+        print_json({"project": args.project, "spider": args.spider, "max_running": args.max_running})
     else:
         print(f"At most {args.max_running} crawls of {args.project}/{args.spider} at once in the cluster.")
     return 0
@@ -183,11 +172,11 @@ def run_limit_set(args) -> int:
 def run_limit_list(args) -> int:
     limits = _store(args).list_limits()
     if args.json:
-        admin._print_json({"limits": limits})
+        print_json({"limits": limits})
         return 0
     print(f"Limits: {len(limits)}")
     if limits:
-        print(admin.table(["PROJECT", "SPIDER", "MAX RUNNING", "RUNNING"],
+        print(table(["PROJECT", "SPIDER", "MAX RUNNING", "RUNNING"],
                           [(row.project, row.spider, row.max_running, row.running) for row in limits]))
     return 0
 
@@ -198,9 +187,9 @@ def run_limit_remove(args) -> int:
     try:
         _store(args).remove_limit(args.project, args.spider)
     except ScheduleNotFoundError as e:
-        return admin._fail(str(e))
+        return fail(str(e))
     if args.json:
-        admin._print_json({"project": args.project, "spider": args.spider, "removed": True})
+        print_json({"project": args.project, "spider": args.spider, "removed": True})
     else:
         print(f"No limit on {args.project}/{args.spider} any more.")
     return 0

@@ -1,4 +1,4 @@
-"""This node's own counters and histograms, exported by ``/metrics`` (``web/metrics.py``) with the cluster's gauges.
+"""This node's own counters and histograms, exported by ``/metrics`` (``web/prometheus.py``) with the cluster's gauges.
 
 The poller and launcher count through one-line hooks (``metrics.CLAIMS.inc(n)``). No per-job labels: a label's
 values are a bounded set (outcomes, operations). The node's registry is its own, so a test process that builds

@@ -7,13 +7,12 @@ by default; ``--json`` for scripts.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import re
 import sys
 
-from scrapyd_pgqueue import schedule_commands, tree_commands
+from scrapyd_pgqueue.cli.output import cluster_store, fail, print_json, resolve_project, table, when
 
 # How long a stopped node stays in ``status``: long enough to see a node that just went away.
 RECENTLY_STOPPED_SECONDS = 3600
@@ -68,9 +67,6 @@ def add_commands(commands, database_url_argument) -> None:
     prune.add_argument("--older-than", type=duration, metavar="AGE",
                        help="delete finished jobs that ended more than AGE ago: 90s, 30m, 12h, 7d, 2w")
 
-    schedule_commands.add_commands(commands, database_url_argument)  # periodic add|list|..., limit set|list|remove
-    tree_commands.add_commands(commands, database_url_argument)  # tree JOB
-
 
 def duration(text: str) -> datetime.timedelta:
     match = DURATION.match(text)
@@ -79,66 +75,13 @@ def duration(text: str) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(match[1]) * SECONDS_PER_UNIT[match[2]])
 
 
-def _store(args):
-    from scrapyd_pgqueue.store import ClusterStore
-
-    return ClusterStore.for_url(args.database_url)
-
-
-def _plain(value):
-    """A value as JSON can hold it."""
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if dataclasses.is_dataclass(value):
-        return {key: _plain(item) for key, item in dataclasses.asdict(value).items()}
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
-
-
-def _print_json(data) -> None:
-    print(json.dumps(_plain(data), indent=2, sort_keys=True))
-
-
-def table(headers, rows) -> str:
-    """Left-aligned columns, two spaces apart; empty for no rows."""
-    cells = [[str(header) for header in headers]]
-    cells += [["" if value is None else str(value) for value in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
-
-
-def _when(value) -> str:
-    return "" if value is None else str(value.replace(microsecond=0))
-
-
-def _fail(message: str) -> int:
-    print(f"scrapyd-pgqueue: {message}", file=sys.stderr)
-    return 1
-
-
-def _resolve_project(store, args) -> str | None:
-    if args.project:
-        return args.project
-    projects = store.projects_of_job(args.job)
-    if len(projects) == 1:
-        return projects[0]
-    if not projects:
-        _fail(f"no job '{args.job}' in any project")
-    else:
-        _fail(f"job id '{args.job}' exists in several projects ({', '.join(projects)}): give --project")
-    return None
-
-
 # --- status ------------------------------------------------------------------------------------------------------
 
 
 def run_status(args) -> int:
     from scrapyd_pgqueue import db
 
-    store = _store(args)
+    store = cluster_store(args)
     pending = store.pending_by_spider()
     queue = store.counts_by_spider(args.past_due_seconds)
     totals = {key: sum(group[key] for group in queue) for key in QUEUE_COUNTS}
@@ -148,7 +91,7 @@ def run_status(args) -> int:
     troubled = store.troubled_jobs(TROUBLED_SHOWN)
     recovered = store.recovered_jobs(TROUBLED_SHOWN)
     if args.json:
-        _print_json({
+        print_json({
             "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
             "queue": {"totals": totals, "by_spider": queue},
             "running": {"total": len(running), "jobs": running},
@@ -163,7 +106,7 @@ def run_status(args) -> int:
     print(f"\nPending: {sum(group['pending'] for group in pending)}")
     if pending:
         print(table(["PROJECT", "SPIDER", "PENDING", "OLDEST"],
-                    [(g["project"], g["spider"], g["pending"], _when(g["oldest"])) for g in pending]))
+                    [(g["project"], g["spider"], g["pending"], when(g["oldest"])) for g in pending]))
     if any(totals[key] for key in ("delayed", "past_due", "dead")):
         counted = ", ".join(f"{key.replace('_', ' ')} {totals[key]}" for key in QUEUE_COUNTS)
         print(f"\nBy spider: {counted}")
@@ -172,7 +115,7 @@ def run_status(args) -> int:
     print(f"\nRunning: {len(running)}")
     if running:
         print(table(["NODE", "PROJECT", "SPIDER", "JOB", "PID", "STARTED"],
-                    [(j.node, j.project, j.spider, j.job, j.pid, _when(j.start_time)) for j in running]))
+                    [(j.node, j.project, j.spider, j.job, j.pid, when(j.start_time)) for j in running]))
     print(f"\nNodes: {sum(node.state == 'live' for node in nodes)} live")
     if nodes:
         print(table(["NODE", "STATE", "RUNNING", "MAX_PROC", "LAST HEARTBEAT", "URL"],
@@ -182,7 +125,7 @@ def run_status(args) -> int:
     if troubled:
         print(f"\nFailed, lost or interrupted (newest {TROUBLED_SHOWN}):")
         print(table(["PROJECT", "SPIDER", "JOB", "OUTCOME", "NODE", "ATTEMPTS", "ENDED", "REASON"],
-                    [(j.project, j.spider, j.job, j.outcome, j.node, j.attempts, _when(j.end_time), j.reason)
+                    [(j.project, j.spider, j.job, j.outcome, j.node, j.attempts, when(j.end_time), j.reason)
                      for j in troubled]))
     if recovered:
         print(f"\nRecovered from a node that went away (claimed more than once; newest {TROUBLED_SHOWN}):")
@@ -198,30 +141,30 @@ def run_requeue(args) -> int:
     from scrapyd_pgqueue.store import DuplicateJobError, JobNotFoundError
 
     if args.dead == (args.job is not None):
-        return _fail("give a JOB, or --dead for every dead job")
+        return fail("give a JOB, or --dead for every dead job")
     if args.dead:
         return _requeue_dead(args)
     if args.spider:
-        return _fail("--spider goes with --dead")
-    store = _store(args)
-    project = _resolve_project(store, args)
+        return fail("--spider goes with --dead")
+    store = cluster_store(args)
+    project = resolve_project(store, args)
     if project is None:
         return 1
     try:
         store.requeue(project, args.job)
     except (JobNotFoundError, DuplicateJobError) as e:
-        return _fail(str(e))
+        return fail(str(e))
     if args.json:
-        _print_json({"project": project, "job": args.job, "status": "pending"})
+        print_json({"project": project, "job": args.job, "status": "pending"})
     else:
         print(f"Job {args.job} of project {project} is pending again.")
     return 0
 
 
 def _requeue_dead(args) -> int:
-    requeued = _store(args).requeue_dead(args.project, args.spider)
+    requeued = cluster_store(args).requeue_dead(args.project, args.spider)
     if args.json:
-        _print_json({"requeued": [{"project": project, "job": job} for project, job in requeued]})
+        print_json({"requeued": [{"project": project, "job": job} for project, job in requeued]})
     else:
         print(f"{len(requeued)} dead job{'s' if len(requeued) != 1 else ''} pending again.")
         for project, job in requeued:
@@ -230,21 +173,23 @@ def _requeue_dead(args) -> int:
 
 
 def run_cancel(args) -> int:
-    from scrapyd_pgqueue.store import SIGNAL_NAMES
+    from scrapyd_pgqueue.store import cancel_signal
 
-    if not (args.signal.isdigit() or args.signal in SIGNAL_NAMES):
-        return _fail(f"--signal must be a number or one of {', '.join(SIGNAL_NAMES)}")
-    store = _store(args)
-    project = _resolve_project(store, args)
+    try:
+        signal = cancel_signal(args.signal)
+    except ValueError as e:
+        return fail(f"--{e}")
+    store = cluster_store(args)
+    project = resolve_project(store, args)
     if project is None:
         return 1
-    prevstate = store.cancel_job(project, args.job, args.signal)
+    prevstate = store.cancel_job(project, args.job, signal)
     if args.json:
-        _print_json({"project": project, "job": args.job, "prevstate": prevstate})
+        print_json({"project": project, "job": args.job, "prevstate": prevstate})
     elif prevstate == "pending":
         print(f"Job {args.job} of project {project} was pending: cancelled, it will not run.")
     elif prevstate == "running":
-        print(f"Job {args.job} of project {project} is running: its node is signalling it ({args.signal}).")
+        print(f"Job {args.job} of project {project} is running: its node is signalling it ({signal}).")
     else:
         print(f"Job {args.job} of project {project} is neither pending nor running: nothing to cancel.")
     return 0 if prevstate else 1
@@ -252,19 +197,19 @@ def run_cancel(args) -> int:
 
 def run_prune(args) -> int:
     if args.keep is None and args.older_than is None:
-        return _fail("prune needs --keep N, --older-than AGE, or both")
+        return fail("prune needs --keep N, --older-than AGE, or both")
     if args.keep is not None and args.keep < 0:
-        return _fail("--keep may not be negative")
-    store = _store(args)
+        return fail("--keep may not be negative")
+    store = cluster_store(args)
     deleted = 0
     if args.older_than is not None:
-        deleted += store.prune_finished_before(datetime.datetime.now() - args.older_than)
+        deleted += store.prune_finished_older_than(args.older_than)
     if args.keep is not None:
         from scrapyd_pgqueue.store import JobStore
 
         deleted += JobStore.for_url(args.database_url).prune_terminated(args.keep)
     if args.json:
-        _print_json({"deleted": deleted})
+        print_json({"deleted": deleted})
     else:
         print(f"Deleted {deleted} finished job{'s' if deleted != 1 else ''}.")
     return 0
@@ -327,12 +272,12 @@ def run_enqueue(args) -> int:
             progress.close()
             if storing is not None:
                 queued += _stored(storing, progress, failed_ok=True)
-            return _fail(f"{e}; {queued} jobs before its batch are queued")
+            return fail(f"{e}; {queued} jobs before its batch are queued")
     progress.close()
     seconds = time.monotonic() - started
     result = {"project": args.project, "queued": queued, "seconds": round(seconds, 3)}
     if args.json:
-        _print_json(result)
+        print_json(result)
     else:
         print(f"{queued} jobs queued in project '{args.project}' in {seconds:.1f} s ({queued / max(seconds, 1e-9):.0f}/s)")
     return 0

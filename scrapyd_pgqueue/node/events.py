@@ -1,7 +1,7 @@
 """What a node acts on when the cluster changes elsewhere: cancel requests for its crawls, deployed or deleted eggs.
 
 Another node's cancel.json reaches the node running the job; an egg deployed through another node becomes known
-here without a restart. The node's one listener (``notifications.py``, shared with the poller) hears both;
+here without a restart. The node's one listener (``node/notifications.py``, shared with the poller) hears both;
 NOTIFY is only a hint, so the launcher's heartbeat calls ``check()`` to read the same state as the floor.
 Used by ``PostgresLauncher``; runs on the reactor thread except where noted.
 """
@@ -13,12 +13,15 @@ import json
 from twisted.internet import error, reactor, threads
 from twisted.logger import Logger
 
-from scrapyd.interfaces import ISpiderScheduler
+from scrapyd.interfaces import IEggStorage, ISpiderScheduler
 from scrapyd.webservice import spider_list
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue import notifications
-from scrapyd_pgqueue.db import ThrottledLog
-from scrapyd_pgqueue.store import CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, ClusterStore, EggStore
+from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.node import notifications
+from scrapyd_pgqueue.store import (
+    CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, ClusterStore, EggStore, signal_number,
+)
+from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
 
@@ -35,6 +38,8 @@ class ClusterEvents:
             self.eggs = EggStore.for_settings(self.settings).egg_catalogue()
         except Exception as e:  # noqa: BLE001 - the first heartbeat that reaches the database reads it
             log.error("Could not read the egg catalogue: {error}", error=e)
+        else:
+            self.prune_egg_cache()  # files of eggs deleted while this node was down
         if not self.settings.listen_notify:
             return  # the heartbeat's check() alone
         listener = notifications.listener_for(self.settings)
@@ -72,7 +77,8 @@ class ClusterEvents:
         self.eggs = eggs
 
     def deliver_cancels(self, requests):
-        """Signal this node's crawls once per cancel request not delivered yet (a second cancel.json forces)."""
+        """Signal this node's crawls once per cancel request not delivered yet (a second cancel.json forces). A
+        request that cannot be delivered costs no other request its delivery."""
         for request in requests:
             for process in list(self.launcher.processes.values()):
                 claimed = getattr(process, "claimed", None)
@@ -81,17 +87,33 @@ class ClusterEvents:
                 if not same_job or request.requests <= process.cancels_delivered:
                     continue
                 process.cancels_delivered = request.requests
-                process.cancel_signal = request.signal
-                log.info("Cancelling job {job} of project {project} (signal {signal})", job=process.job,
-                         project=process.project, signal=request.signal)
-                try:
-                    process.transport.signalProcess(int(request.signal) if request.signal.isdigit() else request.signal)
-                except error.ProcessExitedAlready:
-                    pass
+                self._signal(process, request.signal)
+
+    @staticmethod
+    def _signal(process, signal: str) -> None:
+        """Send a cancel request's signal to a crawl, which then ends 'cancelled'; one that is no signal (a row
+        written another way: cancel.json and the operator command refuse them) is logged and sent to nobody."""
+        job, project = process.job, process.project
+        try:
+            number = signal_number(signal)
+        except ValueError as e:
+            log.error("Not cancelling job {job} of project {project}: {error}", job=job, project=project, error=e)
+            return
+        log.info("Cancelling job {job} of project {project} (signal {signal})", job=job, project=project,
+                 signal=signal)
+        try:
+            process.transport.signalProcess(number)
+        except error.ProcessExitedAlready:
+            return
+        except OSError as e:
+            log.error("Could not signal job {job} of project {project}: {error}", job=job, project=project, error=e)
+            return
+        process.cancel_signal = signal
 
     def refresh_projects(self, projects) -> bool:
         """Learn deployed or deleted eggs: poller and scheduler rebuild their queues (schedule.json and
-        listprojects.json read them), and the cached spider lists of those projects are dropped."""
+        listprojects.json read them), the cached spider lists of those projects are dropped, and so are the cached
+        egg files of deleted eggs."""
         try:
             self.launcher.poller.update_projects()
             self.launcher.app.getComponent(ISpiderScheduler).update_projects()
@@ -100,4 +122,24 @@ class ClusterEvents:
             return False
         for project in projects:
             spider_list.delete(project)
+        self.prune_egg_cache()
         return True
+
+    def prune_egg_cache(self):
+        """Delete this node's cached eggs that the database no longer has, off the reactor (a stock egg storage
+        keeps its own files)."""
+        prune = getattr(self.launcher.app.getComponent(IEggStorage), "prune_cache", None)
+        if prune is None:
+            return None
+        in_use = {process.env.get(EGG_FILE_VARIABLE) for process in self.launcher.processes.values()}
+        return (
+            threads.deferToThread(prune, in_use)
+            .addCallback(self._egg_cache_pruned)
+            .addErrback(lambda failure: self.trouble.report(
+                f"Pruning the egg cache failed: {failure.getErrorMessage()}", key="egg cache"))
+        )
+
+    def _egg_cache_pruned(self, deleted):
+        self.trouble.clear("egg cache")
+        if deleted:
+            log.info("Deleted {count} cached eggs that the database no longer has", count=len(deleted))

@@ -1,5 +1,5 @@
-"""``/metrics``: the Prometheus text format. This node's counters and histograms (``scrapyd_pgqueue.metrics``) and
-the cluster's gauges, the same on every node (aggregate them with ``max without (instance)``).
+"""``/metrics``: the Prometheus text format. This node's counters and histograms (``node/metrics.py``) and the
+cluster's gauges, the same on every node (aggregate them with ``max without (instance)``).
 
 The gauges come from bounded queries (``store/overview.py``): per spider and state counted up to ``COUNT_CAP``;
 the pending total is exact up to ``PENDING_COUNT_CAP``, the planner's estimate beyond. No per-job label.
@@ -7,12 +7,11 @@ the pending total is exact up to ``PENDING_COUNT_CAP``, the planner's estimate b
 
 from __future__ import annotations
 
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from scrapyd_pgqueue import metrics
 from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.store import ClusterStore, OverviewStore
 from scrapyd_pgqueue.web.page import ThreadedPage
 

@@ -8,6 +8,7 @@ user's configuration.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -22,9 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE, NODE_NAME_VARIABLE
-from scrapyd_pgqueue.devdb import free_port
+from scrapyd_pgqueue.local.devdb import free_port
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 NODE_CONFIG = REPOSITORY / "scrapyd.cfg"
 EXAMPLE_PROJECT = REPOSITORY / "example_project"
 # What a node inherits from the caller's environment; everything else (SCRAPYD_*, HOME, ...) is set here.
@@ -99,6 +100,8 @@ class ScrapydNode:
             try:
                 self.get("daemonstatus.json", timeout=2)
                 return
+            except urllib.error.HTTPError:
+                return  # it answers: a node with basic authentication (username, password) asks for credentials
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"node {self.name} not ready after {timeout}s:\n{self.log_tail()}") from None
@@ -156,12 +159,21 @@ class ScrapydNode:
 
     def get(self, endpoint: str, timeout: float = 30, **params) -> dict:
         query = urllib.parse.urlencode(params, doseq=True)
-        with urllib.request.urlopen(f"{self.url}{endpoint}?{query}", timeout=timeout) as response:
-            return json.load(response)
+        return self._request(f"{self.url}{endpoint}?{query}", None, timeout)
 
     def post(self, endpoint: str, timeout: float = 30, **params) -> dict:
-        data = urllib.parse.urlencode(params, doseq=True).encode()
-        with urllib.request.urlopen(f"{self.url}{endpoint}", data=data, timeout=timeout) as response:
+        return self._request(f"{self.url}{endpoint}", urllib.parse.urlencode(params, doseq=True).encode(), timeout)
+
+    def _request(self, url: str, data: bytes | None, timeout: float) -> dict:
+        request = urllib.request.Request(url, data=data)
+        # The node's own credentials (Scrapyd then asks every request for them: basic authentication), from its
+        # environment as Scrapyd reads them first, else from its configuration.
+        username = self.extra_env.get("SCRAPYD_USERNAME") or self.config.get("username")
+        password = self.extra_env.get("SCRAPYD_PASSWORD") or self.config.get("password")
+        if username and password:
+            token = base64.b64encode(f"{username}:{password}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response)
 
 

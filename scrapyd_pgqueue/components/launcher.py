@@ -5,7 +5,7 @@ name and pid on the row when the crawl starts, the exit code and outcome when it
 reason) when the crawl cannot even be spawned, and finishes that are buffered and retried while the database
 is away. Whatever fails, the slot asks the poller for its next job.
 
-Leases (``leases.py``): a thread renews this process's lease on its jobs every heartbeat and recovers the jobs of
+Leases (``node/leases.py``): a thread renews this process's lease on its jobs every heartbeat and recovers the jobs of
 other processes whose lease expired, only once this node's own heartbeats have been prompt without a break for a
 whole lease; with ``on_lease_lost = stop`` another stops this node's crawls before its lease can expire. The
 reactor's upkeep hands back claims this node has no crawl for (a claim whose reply was lost with its
@@ -22,6 +22,7 @@ import datetime
 import os
 import socket
 import sys
+import time
 
 from twisted.application.internet import TimerService
 from twisted.internet import defer, error, reactor, task, threads
@@ -31,13 +32,13 @@ from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
-from scrapyd_pgqueue import metrics
-from scrapyd_pgqueue.db import ThrottledLog
-from scrapyd_pgqueue.eggstorage import EGG_FILE_VARIABLE
-from scrapyd_pgqueue.events import ClusterEvents
-from scrapyd_pgqueue.leases import LeaseKeeper, LeaseWatch
+from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.models import CANCELLED, FAILED, FINISHED, PENDING
+from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.node.events import ClusterEvents
+from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
 
@@ -58,7 +59,7 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
     exit_code = None
     outcome = None
     reason = None
-    cancels_delivered = 0  # cancel requests (cancel.json on any node) signalled to this crawl; see events.py
+    cancels_delivered = 0  # cancel requests (cancel.json on any node) signalled to this crawl; see node/events.py
     cancel_signal = None  # the signal of the latest one
 
     def processEnded(self, status):
@@ -298,31 +299,47 @@ class PostgresLauncher(Launcher):
         self._flush_unrecorded()
 
     def _flush_unrecorded(self):
-        """Write buffered finishes in order, one batch at a time; what fails stays for the next heartbeat."""
+        """Write buffered finishes, one batch at a time; what fails stays for the next heartbeat, behind the others."""
         if self.flushing or not self.unrecorded:
             return
         self.flushing = True
         batch = list(self.unrecorded)
 
-        def written(recorded):
+        def written(outcome):
+            recorded, failed = outcome
             self.flushing = False
-            for process in recorded:
+            for process in recorded + failed:
                 self.unrecorded.remove(process)
+            self.unrecorded.extend(failed)  # tried after the others next time
             if len(recorded) == len(batch):
                 self._flush_unrecorded()  # more may have finished meanwhile
 
         threads.deferToThread(self._add_to_job_storage, batch).addCallback(written)
 
     def _add_to_job_storage(self, batch):
-        recorded = []
+        """Thread: write each finish on its own, so that one that fails holds back no other, then prune once;
+        return (written, failed). A batch stops after about one database_timeout: a stalled database costs one wait
+        per heartbeat, not one per finish."""
+        record = getattr(self.finished, "record", self.finished.add)  # add() prunes after each finish
+        stop_at = time.monotonic() + self.settings.database_timeout
+        recorded, failed, error = [], [], None
         for process in batch:
+            if failed and time.monotonic() > stop_at:
+                break  # the rest is tried next heartbeat
             try:
-                self.finished.add(process)
+                record(process)
             except Exception as e:  # noqa: BLE001 - kept and retried; the slot is not affected
-                metrics.DATABASE_ERRORS.labels("record").inc()
-                self.trouble.report(f"Could not record job {process.job}, retrying every heartbeat: {e}", key="record")
-                break
-            recorded.append(process)
-        if recorded and len(recorded) == len(batch):
+                failed.append(process)
+                error = error or e
+            else:
+                recorded.append(process)
+        if recorded and hasattr(self.finished, "tidy"):
+            self.finished.tidy()  # never raises
+        if failed:
+            metrics.DATABASE_ERRORS.labels("record").inc(len(failed))
+            jobs = ", ".join(process.job for process in failed[:5]) + (", ..." if len(failed) > 5 else "")
+            self.trouble.report(f"Could not record {len(failed)} finished jobs ({jobs}), retrying every heartbeat: "
+                                f"{error}", key="record")
+        else:
             self.trouble.clear("record")
-        return recorded
+        return recorded, failed

@@ -1,4 +1,4 @@
-"""The operator command's queries (``scrapyd_pgqueue.admin``): ``OperatorQueries``, which ``ClusterStore`` inherits."""
+"""The operator command's queries (``cli/``): ``OperatorQueries``, which ``ClusterStore`` inherits."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from scrapyd_pgqueue.store.base import (
     JobNotFoundError,
     JobRow,
     database_errors,
-    now,
 )
 
 
@@ -36,7 +35,7 @@ class NodeRow:
 # --- operator command ---
 
 # Pending jobs per project and spider, with the oldest one's creation time (a full pass over pending rows).
-PENDING_BY_SPIDER = text("""
+PENDING_AND_OLDEST_BY_SPIDER = text("""
     SELECT project, spider, count(*) AS pending, min(created_time) AS oldest FROM spider_job
     WHERE status = 'pending'
     GROUP BY project, spider
@@ -49,7 +48,7 @@ COUNTS_BY_SPIDER = text("""
     SELECT project, spider,
            count(*) FILTER (WHERE status = 'delayed') AS delayed,
            count(*) FILTER (WHERE status = 'pending') AS pending,
-           count(*) FILTER (WHERE status = 'pending' AND coalesce(run_at, CAST(created_time AS timestamptz))
+           count(*) FILTER (WHERE status = 'pending' AND coalesce(run_at, created_time)
                                                          < now() - make_interval(secs => :past_due)) AS past_due,
            count(*) FILTER (WHERE status = 'ongoing') AS running,
            count(*) FILTER (WHERE outcome = 'dead') AS dead
@@ -65,7 +64,7 @@ REQUEUE_DEAD = text(f"""
     WITH requeued AS (
         UPDATE spider_job AS j
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
-            pid = NULL, start_time = NULL, end_time = NULL, run_at = now(), failures = 0, created_time = :now,
+            pid = NULL, start_time = NULL, end_time = NULL, run_at = now(), failures = 0, created_time = now(),
             cancel_requested = false, cancel_requests = 0, cancel_signal = NULL,
             unique_key = {KEY_UNLESS_TAKEN.format(row="j")}
         WHERE status = 'terminated' AND outcome = 'dead' AND message IS NOT NULL
@@ -136,7 +135,7 @@ REQUEUE = text(f"""
     ), requeued AS (
         UPDATE spider_job AS j
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
-            pid = NULL, start_time = NULL, end_time = NULL, created_time = :now, run_at = now(),
+            pid = NULL, start_time = NULL, end_time = NULL, created_time = now(), run_at = now(),
             unique_key = {KEY_UNLESS_TAKEN.format(row="j")},
             cancel_requested = false, cancel_requests = 0, cancel_signal = NULL
         FROM target
@@ -149,8 +148,10 @@ REQUEUE = text(f"""
 # Forget the stored log of a requeued job's previous run.
 DELETE_LOG = text("DELETE FROM job_log WHERE job_id = :id")
 
-# Delete finished jobs that ended before :before (their logs go with them).
-PRUNE_FINISHED_BEFORE = text("DELETE FROM spider_job WHERE status = 'terminated' AND end_time < :before")
+# Delete finished jobs that ended more than :seconds ago on the database's clock (their logs go with them).
+PRUNE_FINISHED_OLDER_THAN = text("""
+    DELETE FROM spider_job WHERE status = 'terminated' AND end_time < now() - make_interval(secs => :seconds)
+""")
 
 
 class OperatorQueries:
@@ -163,7 +164,7 @@ class OperatorQueries:
     @database_errors
     def pending_by_spider(self) -> list[dict[str, Any]]:
         with db.autocommit(self.engine) as connection:
-            return [dict(row._mapping) for row in connection.execute(PENDING_BY_SPIDER)]
+            return [dict(row._mapping) for row in connection.execute(PENDING_AND_OLDEST_BY_SPIDER)]
 
     @database_errors
     def counts_by_spider(self, past_due_seconds: float = 60.0) -> list[dict[str, Any]]:
@@ -174,7 +175,7 @@ class OperatorQueries:
     @database_errors
     def requeue_dead(self, project: str | None = None, spider: str | None = None) -> list[tuple[str, str]]:
         """Send dead jobs back to pending; return their (project, job)."""
-        params = {"project": project, "spider": spider, "now": now(), "channel": NOTIFY_CHANNEL}
+        params = {"project": project, "spider": spider, "channel": NOTIFY_CHANNEL}
         with db.autocommit(self.engine) as connection:
             return [(row.project, row.job) for row in connection.execute(REQUEUE_DEAD, params)]
 
@@ -207,7 +208,7 @@ class OperatorQueries:
     @database_errors
     def requeue(self, project: str, job: str) -> int:
         """Put the newest finished run of ``job`` back to pending; return its row id."""
-        params = {"project": project, "job": job, "now": now(), "channel": NOTIFY_CHANNEL}
+        params = {"project": project, "job": job, "channel": NOTIFY_CHANNEL}
         try:
             with db.transaction(self.engine) as connection:
                 row = connection.execute(REQUEUE, params).first()
@@ -228,6 +229,6 @@ class OperatorQueries:
             raise
 
     @database_errors
-    def prune_finished_before(self, before: datetime.datetime) -> int:
+    def prune_finished_older_than(self, age: datetime.timedelta) -> int:
         with db.autocommit(self.engine) as connection:
-            return connection.execute(PRUNE_FINISHED_BEFORE, {"before": before}).rowcount
+            return connection.execute(PRUNE_FINISHED_OLDER_THAN, {"seconds": age.total_seconds()}).rowcount

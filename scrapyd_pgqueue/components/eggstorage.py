@@ -3,14 +3,16 @@
 Every node lists the same projects and versions. A crawl opens no database connection to start: before spawning
 it, the node (a long-lived process) finds the egg the job runs, keeps it as a file in ``eggs_dir`` keyed by the
 egg's row id (a redeployed version gets a new id, so a cached file is never stale), and hands the crawl its path
-in ``SCRAPYD_PGQUEUE_EGG`` (empty: the project has no egg, it is baked in). The crawl subprocess
+in ``SCRAPYD_PGQUEUE_EGG`` (empty: the project has no egg, it is baked in). When eggs are deleted or replaced, each
+node deletes the cached files of ids no longer in the database (``prune_cache``). The crawl subprocess
 (``scrapyd.runner``) imports this module before Scrapy picks its reactor: nothing here may import
 ``twisted.internet.reactor`` (or ``scrapyd.launcher``), and the store (SQLAlchemy) is imported only when used.
-Other nodes learn about a change from a NOTIFY (see ``events.py``).
+Other nodes learn about a change from a NOTIFY (see ``node/events.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from io import BytesIO
@@ -21,9 +23,7 @@ from scrapyd.eggstorage import sorted_versions
 from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
 from scrapyd.interfaces import IEggStorage
 from scrapyd_pgqueue import config as pgconfig
-
-# Set by the node for each crawl: the path of the egg to run, or empty when the project has none.
-EGG_FILE_VARIABLE = "SCRAPYD_PGQUEUE_EGG"
+from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 
 
 @implementer(IEggStorage)
@@ -89,6 +89,24 @@ class PostgresEggStorage:
                 part.write(egg)
             os.replace(part.name, path)  # whole or absent: a crawl never reads half an egg
         return path
+
+    def prune_cache(self, in_use=frozenset()) -> list[str]:
+        """Node side, off the reactor: delete the cached eggs no longer in the database (a deleted version or
+        project, a version deployed again under a new id), except the files in ``in_use`` (this node's crawls that
+        may not have opened theirs yet); return the deleted files' names."""
+        try:
+            cached = [name for name in os.listdir(self.cache_dir) if name.endswith(".egg")]
+        except FileNotFoundError:
+            return []
+        kept = {f"{egg_id}.egg" for egg_id in self.store.all_egg_ids()}
+        deleted = []
+        for name in cached:
+            path = os.path.join(self.cache_dir, name)
+            if name not in kept and path not in in_use:
+                with contextlib.suppress(FileNotFoundError):  # another pruner of a shared eggs_dir was first
+                    os.remove(path)
+                    deleted.append(name)
+        return deleted
 
     def list(self, project):
         return sorted_versions(self.store.egg_versions(project))

@@ -1,0 +1,51 @@
+"""What every operator subcommand prints with: tables for people, JSON for scripts, times in local time, errors on
+stderr; and the two look-ups they share (the cluster's store, a job's project)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from scrapyd_pgqueue.answers import plain
+
+
+def cluster_store(args):
+    from scrapyd_pgqueue.store import ClusterStore
+
+    return ClusterStore.for_url(args.database_url)
+
+
+def print_json(data) -> None:
+    print(json.dumps(plain(data), indent=2, sort_keys=True))
+
+
+def table(headers, rows) -> str:
+    """Left-aligned columns, two spaces apart; empty for no rows."""
+    cells = [[str(header) for header in headers]]
+    cells += [["" if value is None else str(value) for value in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
+
+
+def when(value) -> str:
+    from scrapyd_pgqueue.store import local_time
+
+    return "" if value is None else str(local_time(value).replace(microsecond=0))
+
+
+def fail(message: str) -> int:
+    print(f"scrapyd-pgqueue: {message}", file=sys.stderr)
+    return 1
+
+
+def resolve_project(store, args) -> str | None:
+    if args.project:
+        return args.project
+    projects = store.projects_of_job(args.job)
+    if len(projects) == 1:
+        return projects[0]
+    if not projects:
+        fail(f"no job '{args.job}' in any project")
+    else:
+        fail(f"job id '{args.job}' exists in several projects ({', '.join(projects)}): give --project")
+    return None

@@ -1,0 +1,385 @@
+"""Scrapyd's web services answered for the whole cluster, from the shared tables.
+
+Behind a load balancer a request lands on any node, so status.json, listjobs.json, daemonstatus.json and
+cancel.json answer for every job wherever it runs, in Scrapyd 1.6's JSON shapes (scrapyd-client, ScrapydWeb and
+python-scrapyd-api read them), adding keys only; ``logs`` serves a job's log on every node. Each replaces
+Scrapyd's own through the [services] section of the node's configuration, and is a few lines over
+``store.ClusterStore``. They read the node's settings from ``PostgresPoller``, which a cluster runs anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import uuid
+from urllib.parse import quote, urljoin
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.web import error, http, resource, server, static
+
+from scrapyd.exceptions import DirectoryTraversalError
+from scrapyd.utils import get_file_path
+from scrapyd.webservice import WsResource, param, spider_list
+from scrapyd.website import File
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue import offload
+from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.job_requests import (
+    MAX_BATCH_JOBS,
+    OPTION_FIELDS,
+    RefusedJob,
+    check_form,
+    job_from_json,
+    options_from_fields,
+)
+from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.services.resource import ClusterResource, refuse
+from scrapyd_pgqueue.services.trees import cancel_tree
+from scrapyd_pgqueue.store import (
+    MAX_PENDING_OFFSET,
+    ClusterStore,
+    DuplicateJobError,
+    InvalidJobError,
+    JobStore,
+    cancel_signal,
+    local_time,
+)
+from scrapyd_pgqueue.stored_logs import clamp_suffix_ranges, render_stored_log
+
+log = Logger()
+
+# Pending jobs in one listjobs.json answer (unless listjobs_pending_limit is larger).
+MAX_PENDING_LIMIT = 10_000
+
+
+def log_path(job) -> str:
+    """The path of a job's log under every node's ``/logs/`` (Scrapyd's own log URL)."""
+    return f"/logs/{job.project}/{job.spider}/{job.job}.log"
+
+
+class Status(ClusterResource):
+    """The job's state wherever it runs: the newest run of that job id."""
+
+    @param("job")
+    @param("project", required=False)
+    def render_GET(self, txrequest, job, project):
+        self.check_project(project)
+        currstate = self.store.job_status(job, project)
+        # Crawl trees: the job's parent and its tree's root (itself for a root), null for an unknown job.
+        parent, root = self.store.lineage(job, project) or (None, None)
+        return {"currstate": currstate, "parent": parent, "root": root}
+
+
+class ListJobs(ClusterResource):
+    """Pending (one page in claim order), running on every node, and finished jobs of the cluster.
+
+    ``pending_limit`` (default ``listjobs_pending_limit``) and ``pending_offset`` page the pending jobs;
+    ``pending_next_offset`` is the offset of the next page, null on the last one. A page holds at most
+    MAX_PENDING_LIMIT jobs (or ``listjobs_pending_limit``, when larger).
+    """
+
+    @param("project", required=False)
+    @param("pending_limit", dest="limit", required=False, default=None, type=int)
+    @param("pending_offset", dest="offset", required=False, default=0, type=int)
+    def render_GET(self, txrequest, project, limit, offset):
+        self.check_project(project)
+        limit = self.settings.listjobs_pending_limit if limit is None else limit
+        if limit < 0 or offset < 0:
+            raise error.Error(code=http.OK, message=b"pending_limit and pending_offset may not be negative")
+        max_limit = max(MAX_PENDING_LIMIT, self.settings.listjobs_pending_limit)
+        if limit > max_limit:
+            raise refuse(f"pending_limit may be at most {max_limit}: page with pending_offset")
+        if offset > MAX_PENDING_OFFSET:
+            raise refuse(f"pending_offset may be at most {MAX_PENDING_OFFSET}")
+        pending, more = self.store.pending_page(project, limit, offset)
+        return {
+            "pending": [self.pending_entry(job) for job in pending],
+            "running": [self.running_entry(job) for job in self.store.running_jobs(project)],
+            "finished": [
+                self.finished_entry(job)
+                for job in self.store.finished_jobs(project, self.settings.finished_to_keep)
+            ],
+            "pending_next_offset": offset + len(pending) if more else None,
+        }
+
+    @staticmethod
+    def pending_entry(job):
+        message = job.message
+        return {
+            "id": message.get("_job", job.job),
+            "project": job.project,
+            "spider": message["name"],
+            "version": message.get("_version"),
+            "settings": message.get("settings", {}),
+            "args": {k: v for k, v in message.items() if k not in ("name", "_job", "_version", "settings")},
+            # A delayed job's due time (ISO 8601, UTC offset); null for a job that runs as soon as a slot frees.
+            "run_at": None if job.run_at is None else job.run_at.isoformat(),
+        }
+
+    def running_entry(self, job):
+        return {
+            "id": job.job,
+            "project": job.project,
+            "spider": job.spider,
+            "pid": job.pid,
+            "start_time": str(local_time(job.start_time)),
+            # The log is on the node running the job; /logs/ on any other node redirects there.
+            "log_url": log_path(job) if self.root.logs_dir else None,
+            "items_url": self.root.get_item_url(job),
+            "node_name": job.node,
+        }
+
+    def finished_entry(self, job):
+        return {
+            "id": job.job,
+            "project": job.project,
+            "spider": job.spider,
+            "start_time": str(local_time(job.start_time)),
+            "end_time": str(local_time(job.end_time)),
+            "log_url": log_path(job) if job.has_log else self.root.get_log_url(job),
+            "items_url": self.root.get_item_url(job),
+            "node_name": job.node,
+            "outcome": job.outcome,
+        }
+
+
+class DaemonStatus(ClusterResource):
+    """This node as Scrapyd reports it (running: its own crawls), and the cluster under ``cluster``.
+
+    Answered within a second whatever the database does (health checks and probes read it): the counts are read in
+    threads of their own (``offload.py``) with PROBE_SECONDS to answer, pool wait included. A database that does
+    not answer in time gives Scrapyd's error (``status`` is not "ok": the node cannot serve the cluster's API) with
+    this node's ``running`` and ``"database": "unreachable"`` added.
+    """
+
+    def render(self, txrequest):
+        from twisted.internet import reactor
+
+        if txrequest.method not in (b"GET", b"HEAD"):
+            return super().render(txrequest)
+        gone = offload.watch(txrequest)
+        probe = offload.in_thread(self.read_within_probe, txrequest, pool_name="probe", size=offload.PROBE_THREADS)
+        probe.addTimeout(PROBE_SECONDS + PROBE_MARGIN, reactor)  # the probe threads may all be busy
+        probe.addBoth(self.answer, txrequest, gone)
+        return server.NOT_DONE_YET
+
+    def read_within_probe(self, txrequest):
+        with db.deadline(PROBE_SECONDS):
+            return self.render_GET(txrequest)
+
+    def render_GET(self, txrequest):
+        cluster = self.store.cluster_counts(self.settings.lease_seconds, self.settings.past_due_seconds)
+        return {
+            "pending": cluster.pending,
+            "running": len(self.root.launcher.processes),
+            "finished": min(cluster.finished, self.settings.finished_to_keep),
+            "cluster": dataclasses.asdict(cluster),
+        }
+
+    def answer(self, outcome, txrequest, gone) -> None:
+        if isinstance(outcome, dict):
+            data = {**outcome, "status": "ok"}
+        elif outcome.check(DatabaseError, defer.TimeoutError):  # TimeoutError: the probe threads were all busy
+            metrics.DATABASE_ERRORS.labels("web").inc()
+            reason = f"no answer within {PROBE_SECONDS:g} s"
+            reason = outcome.getErrorMessage() if outcome.check(DatabaseError) else reason
+            data = {"status": "error", "message": f"the job queue is unavailable: {reason}",
+                    "running": len(self.root.launcher.processes), "database": "unreachable"}
+        else:
+            log.failure("daemonstatus.json", outcome)
+            data = {"status": "error", "message": f"{outcome.type.__name__}: {outcome.getErrorMessage()}"}
+        offload.answer(offload.json_answer(self, txrequest, data), txrequest, gone)
+
+
+PROBE_SECONDS = 0.5  # daemonstatus.json's wait for the database
+PROBE_MARGIN = 0.2  # and for a probe thread, beyond it
+
+
+class Alive(WsResource):
+    """``alive.json``: the node's process serves requests (answered by the reactor itself, no database work): a
+    liveness check that a database stall does not fail. ``daemonstatus.json`` is the readiness check."""
+
+    def render_GET(self, txrequest):
+        return {}
+
+
+class Cancel(ClusterResource):
+    """Cancel a pending job, or have the node running the job signal it (one signal per call, as in Scrapyd)."""
+
+    @param("project")
+    @param("job")
+    @param("signal", required=False, default="INT")
+    @param("_tree", dest="tree", required=False, default="0")
+    def render_POST(self, txrequest, project, job, signal, tree):
+        self.check_project(project)
+        try:
+            signal = cancel_signal(signal)
+        except ValueError as e:
+            raise error.Error(code=http.OK, message=str(e).encode(errors="replace")) from None
+        if tree not in ("0", "1"):
+            raise error.Error(code=http.OK, message=b"_tree must be 0 or 1")
+        if tree == "1":  # the whole tree of root job (crawl trees: services/trees.py)
+            return cancel_tree(self.store, project, job, signal)
+        return {"prevstate": self.store.cancel_job(project, job, signal)}
+
+
+class Logs(resource.Resource):
+    """``/logs/``: this node's log files, and on every node the log of any job of the cluster.
+
+    ``/logs/<project>/<spider>/<job>.log`` is served from this node's logs_dir when the file is here, else from
+    the database (a finished job's log tail, see ``log_max_bytes``), else by a redirect to the node process that
+    runs (or ran) the job while it is up. Directory listings show this node's files only.
+    """
+
+    isLeaf = True
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+        self.local = File(root.logs_dir, "text/plain") if root.logs_dir else None
+
+    @functools.cached_property
+    def store(self) -> ClusterStore:
+        return ClusterStore.for_settings(self.root.poller.settings)
+
+    def render(self, request):
+        segments = request.postpath
+        if len(segments) == 3 and segments[2].endswith(b".log") and not self.is_local(segments):
+            project, spider, filename = (segment.decode(errors="replace") for segment in segments)
+            gone = offload.watch(request)
+            found = offload.in_thread(self.store.find_log, project, spider, filename.removesuffix(".log"))
+            found.addCallback(lambda stored: self.render_job_log(request, project, spider, filename, stored))
+            found.addErrback(self.unavailable, request)
+            found.addCallbacks(offload.answer, offload.fail, callbackArgs=(request, gone),
+                               errbackArgs=(request, gone))
+            return server.NOT_DONE_YET
+        if self.local is None:
+            return resource.NoResource().render(request)
+        child = resource.getChildForRequest(self.local, request)
+        if isinstance(child, static.File) and child.isfile():
+            clamp_suffix_ranges(request, child.getFileSize())
+        return child.render(request)
+
+    def is_local(self, segments) -> bool:
+        if not self.root.logs_dir:
+            return False
+        names = (segment.decode(errors="replace") for segment in segments)
+        try:
+            return get_file_path(self.root.logs_dir, *names).isfile()
+        except DirectoryTraversalError:
+            return False
+
+    def render_job_log(self, request, project, spider, filename, stored):
+        if stored is not None and stored.log is not None:
+            return render_stored_log(request, stored.log)
+        if stored is not None and stored.node_url and stored.worker != pgconfig.WORKER_ID:
+            path = "/".join(quote(segment) for segment in (project, spider, filename))
+            request.redirect(urljoin(stored.node_url, f"logs/{path}").encode())
+            return b""
+        return resource.NoResource("No such log.").render(request)
+
+    @staticmethod
+    def unavailable(failure, request) -> bytes:
+        failure.trap(DatabaseError)
+        metrics.DATABASE_ERRORS.labels("web").inc()
+        message = f"The job queue is unavailable: {failure.getErrorMessage()}"
+        return resource.ErrorPage(http.SERVICE_UNAVAILABLE, "Unavailable", message).render(request)
+
+
+class Schedule(ClusterResource):
+    """schedule.json as Scrapyd's (same fields, checks and answer), refusing with a plain message what the queue
+    cannot store or a crawl cannot start, and taking the scheduling fields (``_run_at``, ``_delay``, ``_unique_key``,
+    ``_on_conflict``, ``_retries``, ``_retry_delay``), none of which reaches the spider.
+
+    Scrapyd's own accepts a 1 MB argument, a NUL byte or a duplicate job id, and the job then fails when it is
+    started, or the request ends in an exception's class name. The answer is the job's id: for a unique key held by
+    a waiting job, that job's, with ``"existing": true``.
+    """
+
+    def render_POST(self, txrequest):
+        try:
+            check_form(txrequest.args)
+            fields = {name.decode(): values[0].decode() for name, values in txrequest.args.items()}
+            options = options_from_fields(fields, self.settings.default_retries)
+            for name in OPTION_FIELDS:
+                txrequest.args.pop(name.encode(), None)
+            return self.schedule(txrequest, options)
+        except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
+            raise refuse(str(e)) from e
+
+    @param("project")
+    @param("spider")
+    @param("_version", dest="version", required=False, default=None)
+    @param("jobid", required=False, default=lambda: uuid.uuid1().hex)
+    @param("priority", required=False, default=0, type=float)
+    @param("setting", required=False, default=list, multiple=True)
+    def schedule(self, txrequest, options, project, spider, version, jobid, priority, setting):
+        """Scrapyd 1.6's Schedule.render_POST, enqueuing with the options and answering where the job went."""
+        self.check_project(project)
+        if version and self.root.eggstorage.get(project, version) == (None, None):
+            raise error.Error(code=http.OK, message=b"version '%b' not found" % version.encode())
+        if spider not in spider_list.get(project, version, runner=self.root.runner):
+            raise error.Error(code=http.OK, message=b"spider '%b' not found" % spider.encode())
+        message = {key.decode(): values[0].decode() for key, values in txrequest.args.items()}
+        if version is not None:
+            message["_version"] = version
+        message.update(name=spider, settings=dict(s.split("=", 1) for s in setting), _job=jobid)
+        enqueued = JobStore.for_settings(self.settings).enqueue(project, message, priority, options)
+        return {"jobid": enqueued.job, **({"existing": True} if enqueued.existing else {})}
+
+
+class ScheduleBatch(ClusterResource):
+    """``schedule_batch.json``: many jobs of one project in one request, all or none, one NOTIFY.
+
+    POST a JSON body ``{"project": P, "jobs": [{"spider", "priority", "jobid", "args", "settings", "version"}, ...]}``;
+    the answer gives the job ids in order. Each job passes schedule.json's rules; the first that does not refuses the
+    whole batch, naming its index.
+    """
+
+    def render_POST(self, txrequest):
+        # A form could post JSON as text/plain from any web page, with the browser's saved credentials for the node.
+        content_type = (txrequest.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
+        if content_type != b"application/json":
+            raise refuse("the body must be sent as Content-Type: application/json")
+        try:
+            body = json.loads(txrequest.content.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise refuse(f"the body must be a JSON object: {e}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("jobs"), list) or not body["jobs"]:
+            raise refuse('the body must be a JSON object {"project": ..., "jobs": [...]} with at least one job')
+        project = body.get("project")
+        if not isinstance(project, str):
+            raise refuse("project must be a string")
+        if len(body["jobs"]) > MAX_BATCH_JOBS:
+            raise refuse(f"{len(body['jobs'])} jobs: a batch takes at most {MAX_BATCH_JOBS}")
+        self.check_project(project)
+        try:
+            jobs = []
+            for index, job in enumerate(body["jobs"]):
+                try:
+                    jobs.append(job_from_json(job, self.settings.default_retries))
+                except RefusedJob as e:
+                    raise RefusedJob(f"job {index}: {e}") from None
+            self.check_spiders(project, jobs)
+            store = JobStore.for_settings(self.settings)
+            enqueued = store.enqueue_many(project, [(job.message, job.priority, job.options) for job in jobs])
+        except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
+            raise refuse(str(e)) from e
+        answer = {"jobids": [job.job for job in enqueued]}
+        if any(job.existing for job in enqueued):
+            answer["existing"] = [job.existing for job in enqueued]
+        return answer
+
+    def check_spiders(self, project, jobs) -> None:
+        """As schedule.json does for one job: each version exists, each spider is in its version's list."""
+        spiders = {}
+        for index, job in enumerate(jobs):
+            if job.version not in spiders:
+                if job.version and self.root.eggstorage.get(project, job.version) == (None, None):
+                    raise RefusedJob(f"job {index}: version '{job.version}' not found")
+                spiders[job.version] = spider_list.get(project, job.version, runner=self.root.runner)
+            if job.spider not in spiders[job.version]:
+                raise RefusedJob(f"job {index}: spider '{job.spider}' not found")

@@ -1,0 +1,48 @@
+"""What every JSON service of the cluster shares: answering off the reactor, over the cluster's store, a database
+that is away said as a plain message in Scrapyd's JSON error."""
+
+from __future__ import annotations
+
+import functools
+
+from twisted.web import error, http, resource
+
+from scrapyd.webservice import WsResource
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue import offload
+from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.store import ClusterStore
+
+
+def refuse(message: str) -> error.Error:
+    """A request refused with ``message``, in Scrapyd's JSON error (HTTP 200, as WsResource answers)."""
+    return error.Error(code=http.OK, message=message.encode())
+
+
+class DatabaseErrorsAsMessages(resource.Resource):
+    """Answers a database that is away with a plain message in Scrapyd's JSON error, not an exception's name.
+
+    Placed after WsResource in a service's bases: WsResource.render turns the raised error into the JSON.
+    """
+
+    def render(self, txrequest):
+        try:
+            return super().render(txrequest)
+        except DatabaseError as e:
+            raise error.Error(code=http.OK, message=f"the job queue is unavailable: {e}".encode()) from e
+
+
+class ClusterResource(offload.OffTheReactor, WsResource, DatabaseErrorsAsMessages):
+    """A web service over the cluster's tables, answering off the reactor (``offload.py``)."""
+
+    @functools.cached_property
+    def settings(self) -> pgconfig.Settings:
+        return self.root.poller.settings
+
+    @functools.cached_property
+    def store(self) -> ClusterStore:
+        return ClusterStore.for_settings(self.settings)
+
+    def check_project(self, project: str | None) -> None:
+        if project is not None and project not in self.root.poller.queues:
+            raise error.Error(code=http.OK, message=b"project '%b' not found" % project.encode())

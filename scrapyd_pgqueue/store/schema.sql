@@ -1,0 +1,220 @@
+-- The database functions of scrapyd_pgqueue as the newest migration leaves them, with the reasons for each step
+-- beside it. The migrations create and change them (a migration never changes once released); this file is where a
+-- reader starts, and where the next change to one of them starts: copy the function into the new migration, change
+-- it there and here. tests/test_schema.py fails when this file and the migrated database disagree (it compares the
+-- functions' arguments, results, volatility, language and bodies, comments and spacing aside).
+-- Tables and indexes: scrapyd_pgqueue/models.py.
+
+
+-- How many jobs of one spider run in the cluster now (0004). VOLATILE on purpose: a volatile function takes a fresh
+-- snapshot for each query it runs, so the claim, which calls it just after locking the spider's limit row, counts
+-- the claims other nodes committed while it waited for that lock (its own snapshot, taken before, would miss them).
+CREATE OR REPLACE FUNCTION spider_job_running(p_project text, p_spider text)
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+        SELECT count(*)::integer FROM spider_job
+        WHERE status = 'ongoing' AND project = p_project AND spider = p_spider
+    $function$;
+
+
+-- When the next delayed job of p_projects (all when NULL) is due (0006): the head of spider_job_delayed_idx, or of
+-- each project in spider_job_delayed_project_idx (a project without delayed jobs reads nothing of the others').
+CREATE OR REPLACE FUNCTION spider_job_next_due(p_projects text[])
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ STABLE
+AS $function$
+        SELECT CASE WHEN p_projects IS NULL THEN (
+            SELECT min(run_at) FROM spider_job WHERE status = 'delayed'
+        ) ELSE (
+            SELECT min(due.run_at) FROM unnest(p_projects) AS wanted(project), LATERAL (
+                SELECT run_at FROM spider_job WHERE status = 'delayed' AND project = wanted.project
+                ORDER BY run_at LIMIT 1
+            ) AS due
+        ) END
+    $function$;
+
+
+-- The claim (0006; 0007 stamps start_time with the database's clock): the next p_limit pending jobs of p_projects
+-- (all when NULL) move to 'ongoing' for node p_node (process p_worker), in one round trip. The store calls it
+-- (store/queue.py, CLAIM_NEXT_JOBS). Each step is shaped for concurrency, and for a cost that does not grow with the
+-- backlog.
+--
+-- Why a function: the claim as one SQL statement (promotion, limits, summary) cost more to plan (0.5-0.7 ms) than to
+-- run (0.2 ms), on every call. Here each step is a small statement, cheap to plan, and a step a claim does not need
+-- is not run: promotion when nothing is due (the next due time, read first, is also the summary's), the limits when
+-- the projects have none. PL/pgSQL keeps the plans it can reuse in the server connection (which works behind
+-- PgBouncer's transaction pooling, unlike prepared statements); the claim itself is planned for its values on each
+-- call (a generic plan cannot know that a project is small, and would read the whole backlog's index for it).
+-- Each statement of a VOLATILE function takes a fresh snapshot, so jobs promoted by the first step are claimable by
+-- the next one (in the same call), and a limited spider's running jobs are counted after its limit row is locked.
+-- The rows are held only for this call. The last row (id NULL) says how many delayed jobs became due and in how many
+-- seconds the next one is (the poller sets its timer by it).
+CREATE OR REPLACE FUNCTION claim_spider_jobs(p_projects text[], p_limit integer, p_node text, p_worker text, p_channel text)
+ RETURNS TABLE(id bigint, project text, job text, attempts integer, message jsonb, priority double precision, waited double precision, promoted bigint, next_due_in double precision)
+ LANGUAGE plpgsql
+AS $function$
+    #variable_conflict use_column
+    DECLARE
+        v_promoted bigint := 0;
+        v_next_due timestamptz := spider_job_next_due(p_projects);
+        v_projects text := CASE WHEN p_projects IS NULL THEN 'true' ELSE 'project = ANY($1)' END;
+    BEGIN
+        -- Due delayed jobs become pending and wake the nodes (at most 1,000 a call, the earliest first), read from
+        -- the head of spider_job_delayed_idx: a million jobs still waiting cost nothing. Run only when the next due
+        -- time (read first, and the summary's too) has come.
+        IF v_next_due <= now() THEN
+            WITH promoted AS (
+                UPDATE spider_job AS j SET status = 'pending'
+                WHERE j.id = ANY(ARRAY(
+                    SELECT d.id FROM spider_job AS d
+                    WHERE d.status = 'delayed' AND d.run_at <= now()
+                      AND (p_projects IS NULL OR d.project = ANY(p_projects))
+                    ORDER BY d.run_at
+                    LIMIT 1000
+                    FOR UPDATE SKIP LOCKED))
+                RETURNING j.project
+            ), woken AS (
+                SELECT count(*) AS jobs, pg_notify(p_channel, promoted.project) FROM promoted GROUP BY promoted.project
+            )
+            SELECT coalesce(sum(woken.jobs), 0) INTO v_promoted FROM woken;
+            v_next_due := spider_job_next_due(p_projects);
+        END IF;
+
+        IF p_limit > 0 AND EXISTS (SELECT FROM spider_limit AS l
+                                   WHERE p_projects IS NULL OR l.project = ANY(p_projects)) THEN
+            -- Some spider has a limit (spider_limit): that spider is filled by one claimer at a time, the one that
+            -- locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no head-of-line
+            -- blocking); spider_job_running() counts its running jobs after that lock, in a fresh snapshot, so
+            -- claims committed by other nodes meanwhile are counted: never more than max_running at once. Each
+            -- limited spider reads the head of spider_job_pending_spider_idx, at most its free room; the other
+            -- spiders' jobs come from the pending index as below. Planned on each call, as it depends on the
+            -- limits; a fixed fragment chooses the projects, the values are parameters.
+            RETURN QUERY EXECUTE format($claim$
+                WITH limits AS MATERIALIZED (
+                    SELECT project, spider, max_running FROM spider_limit WHERE %1$s
+                    FOR UPDATE SKIP LOCKED
+                ), room AS (
+                    SELECT project, spider, max_running - spider_job_running(project, spider) AS free FROM limits
+                ), unlimited_jobs AS (
+                    SELECT id, priority FROM spider_job AS j
+                    WHERE status = 'pending' AND %1$s
+                      AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
+                    ORDER BY priority DESC, id
+                    LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+                ), limited_jobs AS (
+                    SELECT next.id, next.priority FROM room, LATERAL (
+                        SELECT id, priority FROM spider_job
+                        WHERE status = 'pending' AND project = room.project AND spider = room.spider
+                        ORDER BY priority DESC, id
+                        LIMIT greatest(least(room.free, $2), 0)
+                        FOR UPDATE SKIP LOCKED
+                    ) AS next
+                ), next_jobs AS (
+                    SELECT id FROM (SELECT * FROM unlimited_jobs UNION ALL SELECT * FROM limited_jobs) AS candidates
+                    ORDER BY priority DESC, id
+                    LIMIT $2
+                )
+                UPDATE spider_job AS j
+                SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
+                FROM next_jobs WHERE j.id = next_jobs.id
+                RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                          CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
+                          NULL::double precision
+            $claim$, v_projects) USING p_projects, p_limit, p_node, p_worker;
+        ELSIF p_limit > 0 AND p_projects IS NULL THEN
+            -- No limit: the head of spider_job_pending_idx in (priority DESC, id) order. FOR UPDATE SKIP LOCKED:
+            -- concurrent claimers pass over each other's rows instead of queueing behind them. LIMIT = the caller's
+            -- free slots (a node never takes more than it can start). id = ANY(ARRAY(...)) updates the locked rows
+            -- through the primary key, whatever LIMIT is. start_time is the database's clock (0007), like every
+            -- time the nodes compare.
+            RETURN QUERY
+            UPDATE spider_job AS j
+            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
+            WHERE j.id = ANY(ARRAY(SELECT n.id FROM spider_job AS n WHERE n.status = 'pending'
+                  ORDER BY n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
+                      NULL::double precision;
+        ELSIF p_limit > 0 AND cardinality(p_projects) = 1 THEN
+            -- One project (ISpiderQueue.pop): the head of that project in spider_job_pending_project_idx. A list of
+            -- projects cannot read it so: an ordered index scan takes one value of its leading column.
+            RETURN QUERY
+            UPDATE spider_job AS j
+            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
+            WHERE j.id = ANY(ARRAY(
+                  SELECT n.id FROM spider_job AS n WHERE n.status = 'pending' AND n.project = p_projects[1]
+                  ORDER BY n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
+                      NULL::double precision;
+        ELSIF p_limit > 0 THEN
+            -- Some projects: spider_job_pending_idx from its head, other projects' jobs passed over.
+            RETURN QUERY
+            UPDATE spider_job AS j
+            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
+            WHERE j.id = ANY(ARRAY(
+                  SELECT n.id FROM spider_job AS n WHERE n.status = 'pending' AND n.project = ANY(p_projects)
+                  ORDER BY n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
+                      NULL::double precision;
+        END IF;
+
+        -- The summary row: how many became due, and in how many seconds the next delayed job is due.
+        RETURN QUERY
+        SELECT NULL::bigint, NULL::text, NULL::text, NULL::integer, NULL::jsonb, NULL::double precision,
+               NULL::double precision, v_promoted, CAST(extract(epoch FROM v_next_due - now()) AS double precision);
+    END
+    $function$;
+
+
+-- A crawl tree's open jobs (0005; 0007 creates the completion job at now()), counted in the same transaction as
+-- every change that opens or ends one: a child's insert, a final state (finish, recovery, hand-back, cancel), a
+-- requeue, a delete of a waiting job. One trigger covers every way a job ends, including those written later; its
+-- WHEN clause keeps jobs outside trees at no cost (no function call). The update of the tree's row serialises the last
+-- two jobs ending at the same instant on two nodes: only the one that brings the count to zero sees zero, and it
+-- enqueues the _on_complete job in its own transaction (exactly once: completion_job is set with it; never for a
+-- cancelled tree) and notifies scrapyd_pgqueue_trees with the root. The triggers: migration 0005.
+CREATE OR REPLACE FUNCTION spider_tree_count()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+    DECLARE
+        delta integer;
+        opened integer := 0;
+        tree spider_tree;
+        completion text;
+    BEGIN
+        IF TG_OP = 'INSERT' THEN
+            delta := 1;
+            opened := 1;
+        ELSIF TG_OP = 'DELETE' THEN
+            delta := -1;
+        ELSE
+            delta := CASE WHEN NEW.status = 'terminated' THEN -1 ELSE 1 END;
+        END IF;
+        UPDATE spider_tree
+        SET open_jobs = open_jobs + delta, total = total + opened,
+            done_time = CASE WHEN open_jobs + delta = 0 THEN now() END
+        WHERE root_id = coalesce(NEW.tree_id, OLD.tree_id)
+        RETURNING * INTO tree;
+        IF tree.open_jobs = 0 THEN
+            IF tree.on_complete IS NOT NULL AND tree.completion_job IS NULL AND NOT tree.cancelled THEN
+                completion := replace(CAST(gen_random_uuid() AS text), '-', '');
+                INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)
+                VALUES (tree.project, tree.on_complete->>'spider', completion, 0,
+                        coalesce(tree.on_complete->'args', '{}'::jsonb)
+                            || jsonb_build_object('name', tree.on_complete->>'spider', '_job', completion,
+                                                  'settings', '{}'::jsonb, 'tree', tree.root_job),
+                        'pending', now(), now());
+                UPDATE spider_tree SET completion_job = completion WHERE root_id = tree.root_id;
+                PERFORM pg_notify('scrapyd_pgqueue_jobs', tree.project);
+            END IF;
+            PERFORM pg_notify('scrapyd_pgqueue_trees', CAST(json_build_object(
+                'project', tree.project, 'root', tree.root_job, 'root_id', tree.root_id) AS text));
+        END IF;
+        RETURN NULL;
+    END $function$;

@@ -1,0 +1,34 @@
+"""Scrapyd's ``webroot`` for a cluster node (``webroot = scrapyd_pgqueue.website.Root``, which re-exports it):
+Scrapyd's own root with the cluster's pages, ``/jobs`` for every node, ``/dashboard`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from scrapyd.website import Home as ScrapydHome
+from scrapyd.website import Root as ScrapydRoot
+
+from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.web.dashboard import DashboardPage
+from scrapyd_pgqueue.web.jobs import JobsPage
+from scrapyd_pgqueue.web.prometheus import MetricsPage
+
+
+class Root(ScrapydRoot):
+    def __init__(self, config, app):
+        self.settings = pgconfig.settings(config)
+        super().__init__(config, app)
+        self.putChild(b"", Home(self))
+        self.putChild(b"jobs", JobsPage(self))
+        self.putChild(b"dashboard", DashboardPage(self))
+        self.putChild(b"metrics", MetricsPage(self))
+
+
+class Home(ScrapydHome):
+    """Scrapyd's home page, with a link to the dashboard after the one to the jobs."""
+
+    def render_GET(self, txrequest):
+        content = super().render_GET(txrequest)
+        jobs_link = b'/jobs">Jobs</a></li>'
+        dashboard = f'\n<li><a href="{self.get_base_path(txrequest)}/dashboard">Dashboard</a></li>'.encode()
+        content = content.replace(jobs_link, jobs_link + dashboard, 1)
+        txrequest.setHeader("Content-Length", str(len(content)))
+        return content

@@ -1,0 +1,21 @@
+"""Settings read from a node's configuration: the options' defaults and refusals (pure: no database)."""
+
+import pytest
+from scrapyd.config import Config
+
+from scrapyd_pgqueue.config import ConfigurationError, settings
+
+URL = {"database_url": "postgresql://u@localhost/db"}
+
+
+def test_dead_jobs_are_all_kept_and_trees_capped_by_default():
+    defaults = settings(Config(values=URL))
+    assert (defaults.dead_to_keep, defaults.tree_max_jobs) == (None, 100_000)
+    given = settings(Config(values={**URL, "dead_to_keep": "10", "tree_max_jobs": "0"}))
+    assert (given.dead_to_keep, given.tree_max_jobs) == (10, 0)
+
+
+@pytest.mark.parametrize("option", ["dead_to_keep", "tree_max_jobs"])
+def test_a_negative_count_is_refused_at_start_up(option):
+    with pytest.raises(ConfigurationError, match=f"'{option}' may not be negative"):
+        settings(Config(values={**URL, option: "-1"}))
