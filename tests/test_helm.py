@@ -14,6 +14,7 @@ import stat
 import subprocess
 import tarfile
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -259,10 +260,12 @@ def test_the_scaler_s_query_answers_on_a_real_database_for_a_role_with_execute_o
         "metadata"]
     query(database_url, "INSERT INTO spider_job (project, spider, job, status, run_at, created_time) "
                         "SELECT 'p', 's', 'j' || i, 'pending', now(), now() FROM generate_series(1, 17) AS i")
+    assert metadata["userName"] == "keda_scaler"
+    scaler_role = f"keda_scaler_{uuid.uuid4().hex[:8]}"  # roles belong to the whole server, shared by the tests
     with admin_connection.cursor() as cursor:  # the scaler role the README describes
-        cursor.execute(f"CREATE ROLE {metadata['userName']} LOGIN PASSWORD 'scaler-pw'")
-        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO {metadata['userName']}")
-    scaler = make_url(database_url).set(username=metadata["userName"], password="scaler-pw")
+        cursor.execute(f"CREATE ROLE {scaler_role} LOGIN PASSWORD 'scaler-pw'")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO {scaler_role}")
+    scaler = make_url(database_url).set(username=scaler_role, password="scaler-pw")
     assert query(scaler.render_as_string(False), metadata["query"]) == [(3,)]  # 17 jobs, 8 slots a node
 
 

@@ -4,6 +4,7 @@ chart's ScaledObject) asks for, on a real Postgres with pending, delayed, runnin
 from __future__ import annotations
 
 import contextlib
+import uuid
 
 import psycopg2
 import pytest
@@ -97,19 +98,20 @@ def test_a_scaler_role_with_execute_only_gets_the_number_but_no_job_and_others_g
     queue_url, admin_connection
 ):
     insert_jobs(queue_url, [("p", "free", "pending", "-1 minute", 9)])
+    suffix = uuid.uuid4().hex[:8]  # roles belong to the whole server
     with admin_connection.cursor() as cursor:
-        cursor.execute("CREATE ROLE keda_scaler LOGIN PASSWORD 'scaler-pw'")
-        cursor.execute("CREATE ROLE stranger LOGIN PASSWORD 'stranger-pw'")
-        cursor.execute("GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO keda_scaler")
-    scaler = make_url(queue_url).set(username="keda_scaler", password="scaler-pw").render_as_string(False)
-    stranger = make_url(queue_url).set(username="stranger", password="stranger-pw").render_as_string(False)
+        cursor.execute(f"CREATE ROLE scaler_{suffix} LOGIN PASSWORD 'scaler-pw'")
+        cursor.execute(f"CREATE ROLE stranger_{suffix} LOGIN PASSWORD 'stranger-pw'")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO scaler_{suffix}")
+    scaler = make_url(queue_url).set(username=f"scaler_{suffix}", password="scaler-pw").render_as_string(False)
+    stranger = make_url(queue_url).set(username=f"stranger_{suffix}", password="stranger-pw").render_as_string(False)
 
     assert wanted(scaler, 4) == 3
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):
         query(scaler, "SELECT count(*) FROM spider_job")
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):  # not PUBLIC's
         wanted(stranger, 4)
-    nodes = node_role(admin_connection, queue_url, "scaling_node")  # `scrapyd-pgqueue grant`
+    nodes = node_role(admin_connection, queue_url, f"node_{suffix}")  # `scrapyd-pgqueue grant`
     with contextlib.closing(connect(nodes)) as connection, connection.cursor() as cursor:
         cursor.execute(WANTED, (4,))
         assert cursor.fetchone() == (3,)
