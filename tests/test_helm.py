@@ -125,6 +125,17 @@ def test_the_validators_do_fail_on_a_misplaced_field(helm):
         jsonschema.validate(scaled, KEDA_SCHEMA)
 
 
+@pytest.mark.parametrize("setting, error", [
+    ("node.maxProc=0", "/node/maxProc"),  # the scaling query would divide by 0
+    ("node.extraConfig.password=hunter2", "invalid propertyName 'password'"),  # secrets come from Secrets, never values
+    ("database.sslmode=verify", "/database/sslmode"),
+])
+def test_values_that_would_render_a_broken_or_leaky_cluster_are_refused(helm, setting, error):
+    result = subprocess.run([str(helm), "template", "rel", str(CHART), "--set", setting],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and error in result.stderr, result.stderr
+
+
 # --- the nodes' pods ---------------------------------------------------------------------------------------------
 
 
