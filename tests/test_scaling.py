@@ -107,6 +107,12 @@ def test_a_scaler_role_with_execute_only_gets_the_number_but_no_job_and_others_g
     stranger = make_url(queue_url).set(username=f"stranger_{suffix}", password="stranger-pw").render_as_string(False)
 
     assert wanted(scaler, 4) == 3
+    with contextlib.closing(connect(scaler)) as connection, connection.cursor() as cursor:
+        # A temporary table of the caller's never stands in for the queue's (the function runs as its owner).
+        cursor.execute("CREATE TEMP TABLE spider_job AS SELECT * FROM generate_series(1, 100) AS id, "
+                       "LATERAL (SELECT 'p' AS project, 'free' AS spider, 'pending' AS status, now() AS run_at) AS j")
+        cursor.execute(WANTED, (4,))
+        assert cursor.fetchone() == (3,)
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):
         query(scaler, "SELECT count(*) FROM spider_job")
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):  # not PUBLIC's

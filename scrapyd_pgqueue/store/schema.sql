@@ -223,8 +223,9 @@ AS $function$
 -- How many nodes the queue wants (0008): the work nodes could run now, divided by the slots of one node (its
 -- max_proc), rounded up; what an autoscaler asks (KEDA's postgresql trigger: SELECT scrapyd_pgqueue_wanted_nodes(4)
 -- with targetQueryValue 1) and /metrics shows. 0 when there is nothing to do, so a cluster scaled to zero wakes
--- on the first job. SECURITY DEFINER with the search path of its creation: a scaler's role needs EXECUTE on it only,
--- never a right to read jobs; it only reads. EXECUTE is not PUBLIC's (0008 revokes it): `scrapyd-pgqueue grant`
+-- on the first job. SECURITY DEFINER with the search path of its creation (0008 sets it to the queue's schema, then
+-- pg_temp: a caller's temporary table is never read instead): a scaler's role needs EXECUTE on it only, never a
+-- right to read jobs; it only reads. EXECUTE is not PUBLIC's (0008 revokes it): `scrapyd-pgqueue grant`
 -- gives it to the node role. JIT off: the estimates of its capped counts would make Postgres compile them, at
 -- 0.2-0.4 s a call, for reads of milliseconds.
 CREATE OR REPLACE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer)

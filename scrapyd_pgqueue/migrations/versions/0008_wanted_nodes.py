@@ -5,6 +5,7 @@ Revises: 0007
 """
 
 from alembic import op
+from sqlalchemy import text
 
 revision = "0008"
 down_revision = "0007"
@@ -13,8 +14,9 @@ depends_on = None
 
 # The work nodes could run now, divided by the slots of one node, rounded up. store/schema.sql holds it with the
 # reason for each step. SECURITY DEFINER with the search path of its creation: a scaler's role needs only EXECUTE
-# on it (no right to read a job), and it only reads. EXECUTE is not PUBLIC's: the node role gets it from
-# `scrapyd-pgqueue grant`, a scaler's role from its own GRANT.
+# on it (no right to read a job), and it only reads. Its search path is the queue's schema, then pg_temp (last: a
+# caller's temporary table named spider_job is never read instead). EXECUTE is not PUBLIC's: the node role gets it
+# from `scrapyd-pgqueue grant`, a scaler's role from its own GRANT.
 # JIT off: the estimates of its capped counts would have Postgres compile them (0.2-0.4 s) for reads of milliseconds.
 WANTED_NODES_FUNCTION = """
     CREATE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer) RETURNS integer
@@ -66,7 +68,11 @@ SIGNATURE = "scrapyd_pgqueue_wanted_nodes(integer)"
 
 
 def upgrade() -> None:
-    op.execute(WANTED_NODES_FUNCTION)
+    connection = op.get_bind()
+    search_path = connection.execute(text("SHOW search_path")).scalar()
+    connection.execute(text("SELECT set_config('search_path', quote_ident(current_schema()) || ', pg_temp', true)"))
+    op.execute(WANTED_NODES_FUNCTION)  # SET search_path FROM CURRENT: the one just set
+    connection.execute(text("SELECT set_config('search_path', :path, true)"), {"path": search_path})
     op.execute(f"REVOKE EXECUTE ON FUNCTION {SIGNATURE} FROM PUBLIC")
 
 
