@@ -31,7 +31,7 @@ COPY scrapyd.cfg /etc/scrapyd/scrapyd.conf
 RUN ln -s /etc/scrapyd/scrapyd.conf /etc/scrapy.cfg
 
 # A user of its own; its home is the working directory, where the relative logs/, eggs/ and dbs/ go.
-RUN useradd --create-home --home-dir /home/scrapyd --shell /usr/sbin/nologin scrapyd
+RUN useradd --uid 1000 --create-home --home-dir /home/scrapyd --shell /usr/sbin/nologin scrapyd
 USER scrapyd
 WORKDIR /home/scrapyd
 

@@ -377,3 +377,21 @@ def test_0007_reads_the_stored_naive_times_in_the_sessions_time_zone_and_claims_
                                "WHERE proname = 'claim_spider_jobs'") == [
         ("p_projects text[], p_limit integer, p_node text, p_worker text, p_start timestamp without time zone, "
          "p_channel text",)]
+
+
+def test_0008_upgrades_a_populated_queue_whose_wanted_nodes_then_count_its_work(database_url):
+    _migrate_to(database_url, "0007")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, status, run_at, created_time)
+        SELECT 'p', 's', 'job-' || i, (ARRAY['pending', 'delayed', 'terminated'])[1 + i %% 3],
+               now() + CASE WHEN i %% 2 = 0 THEN interval '-1 minute' ELSE interval '1 hour' END, now()
+        FROM generate_series(1, %s) AS i
+    """, (3000,))
+
+    _migrate_to(database_url, "0008")
+
+    # 1,000 pending jobs and the 500 delayed ones already due (i % 3 = 1 and i even), 4 slots a node.
+    assert query(database_url, "SELECT scrapyd_pgqueue_wanted_nodes(4)") == [(375,)]
+    _migrate_to(database_url, "0007", down=True)
+    assert query(database_url, "SELECT count(*) FROM pg_proc WHERE proname = 'scrapyd_pgqueue_wanted_nodes'") == [(0,)]
+    assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]

@@ -50,6 +50,7 @@ def test_metrics_match_the_database_and_the_node_s_crawls(database_url, start_cl
                       "SELECT extract(epoch FROM now() - min(run_at)) FROM spider_job WHERE status = 'pending'")
     assert abs(value(samples, "scrapyd_pgqueue_oldest_pending_age_seconds") - float(age)) < 5
     assert value(samples, "scrapyd_pgqueue_past_due_jobs") == 0
+    assert value(samples, "scrapyd_pgqueue_wanted_nodes") == 5  # 1 running and 4 due jobs, 1 slot a node
 
     # This node's own: three claims and crawls, one finished, one failed, a latency observed for each start.
     assert value(samples, "scrapyd_pgqueue_claims_total") == 3

@@ -42,6 +42,7 @@ def test_the_schema_file_holds_every_function_as_the_migrations_leave_it(databas
         cursor.execute(SCHEMA_FILE.read_text())
         migrated, from_file = _functions(cursor, "public"), _functions(cursor, "from_file")
     assert sorted(from_file) == sorted(migrated) == [
-        "claim_spider_jobs", "spider_job_next_due", "spider_job_running", "spider_tree_count"]
+        "claim_spider_jobs", "scrapyd_pgqueue_wanted_nodes", "spider_job_next_due", "spider_job_running",
+        "spider_tree_count"]
     for name in migrated:
         assert from_file[name] == migrated[name], f"{name} in store/schema.sql differs from the migrated database"

@@ -102,6 +102,11 @@ NODE_URLS = text("""
     SELECT DISTINCT ON (name) name, url FROM scrapyd_node WHERE stopped_time IS NULL ORDER BY name, started_time DESC
 """)
 
+# Nodes the queue wants, max_proc slots each (scrapyd_pgqueue_wanted_nodes, migration 0008): what an autoscaler asks,
+# bounded whatever the backlog.
+WANTED_NODES = text("SELECT scrapyd_pgqueue_wanted_nodes(:slots)")
+
+
 class OverviewStore(StorePerEngine):
     """Read-only views of the whole cluster, each bounded whatever the backlog."""
 
@@ -140,3 +145,9 @@ class OverviewStore(StorePerEngine):
     def node_urls(self) -> dict[str, str | None]:
         with db.autocommit(self.engine) as connection:
             return {row.name: row.url for row in connection.execute(NODE_URLS)}
+
+    @database_errors
+    def wanted_nodes(self, slots_per_node: int) -> int:
+        """Nodes of ``slots_per_node`` slots the work the queue has now needs: 0 when idle."""
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(WANTED_NODES, {"slots": slots_per_node}).scalar()

