@@ -13,7 +13,7 @@ from scrapyd.utils import initialize_component
 
 from scrapyd_pgqueue import application
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.runner import ClusterConfig
+from scrapyd_pgqueue.runner import OneLineConfig
 from helpers import jobs, runs_of, wait_for
 
 ONE_LINE_NODE = "[scrapyd]\napplication = scrapyd_pgqueue.application\n"
@@ -51,7 +51,7 @@ def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path
 def test_the_crawl_runner_reads_the_same_configuration(tmp_path, monkeypatch, database_url):
     config_from(ONE_LINE_NODE, tmp_path, monkeypatch)
     monkeypatch.setenv("SCRAPYD_DATABASE_URL", database_url)
-    storage = initialize_component(ClusterConfig(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
+    storage = initialize_component(OneLineConfig(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
     assert type(storage).__name__ == "PostgresEggStorage"
 
 

@@ -56,7 +56,7 @@ class ChurnNode:
         self.failure_messages = set()
 
     def claim(self, limit: int) -> list:
-        return self.store.claim_next_jobs(list(PROJECTS), limit, node=self.node, worker=self.worker)
+        return self.store.claim_next_jobs(list(PROJECTS), limit, node=self.node, worker=self.worker).jobs
 
     def finish(self, job) -> None:
         now = datetime.datetime.now()

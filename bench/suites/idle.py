@@ -563,7 +563,7 @@ def _ratios(series: dict, sizes: Sizes) -> dict:
 
 def _notes(series: dict, sizes: Sizes, statements_source: str | None) -> list[str]:
     notes = [
-        "GUIDE.md trap 3: Scrapyd's QueuePoller calls count() for every project on every tick, on every node: its "
+        "Scrapyd's QueuePoller calls count() for every project on every tick, on every node: its "
         "idle load grows with nodes x projects; PostgresPoller sends one claim per tick whatever the projects",
         f"simulated at a {sizes.interval:g} s interval; per-second figures are per tick x K / "
         f"{DEFAULT_POLL_INTERVAL:g} s (Scrapyd's default interval), per tick figures are per node",

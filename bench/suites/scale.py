@@ -1301,7 +1301,7 @@ class SimNode:
 
     def __init__(self, number: int, simulation: Simulation):
         from scrapyd_pgqueue import db
-        from scrapyd_pgqueue.store import ClusterStore, EggStore, JobStore
+        from scrapyd_pgqueue.store import AllJobsStore, EggStore, JobStore
 
         parameters = simulation.parameters
         self.simulation, self.timer, self.stats = simulation, simulation.timer, simulation.stats
@@ -1310,7 +1310,7 @@ class SimNode:
         self.engine = db.get_engine(f"{simulation.url}?application_name={self.name}",
                                     pool_size=parameters["pool_size"], migrate_schema=False,
                                     application_name=db.application_name(self.name))
-        self.store, self.cluster, self.eggs = JobStore(self.engine), ClusterStore(self.engine), EggStore(self.engine)
+        self.store, self.cluster, self.eggs = JobStore(self.engine), AllJobsStore(self.engine), EggStore(self.engine)
         self.poll_interval = parameters["poll_interval"]
         self.heartbeat_interval = parameters["heartbeat_interval"]
         self.lease_seconds = parameters["lease_seconds"]
@@ -1427,8 +1427,9 @@ class SimNode:
                 return
             self.claiming = True
         try:
-            claimed = self._timed("claim_next_jobs", self.store.claim_next_jobs, [PROJECT], free, node=self.name,
-                                  worker=self.worker) or []
+            claim = self._timed("claim_next_jobs", self.store.claim_next_jobs, [PROJECT], free, node=self.name,
+                                worker=self.worker)
+            claimed = claim.jobs if claim else []
             now = datetime.datetime.now()
             with self.lock:
                 for claim in claimed:
@@ -1684,7 +1685,7 @@ def format_table(result: dict) -> str:
         f"{parameters['pgbouncer_pool_size']}, max_client_conn {simulated.get('max_client_conn', 0):,}) to Postgres "
         f"(max_connections {parameters['sim_max_connections']}); {sizes['sim_processes']} processes x "
         f"{sizes['sim_threads']} threads; {sizes['sim_jobs_per_second']:g} jobs/s enqueued; "
-        f"{sizes['sim_window_seconds']:g} s window per step. store calls = the simulated nodes' JobStore/ClusterStore/"
+        f"{sizes['sim_window_seconds']:g} s window per step. store calls = the simulated nodes' JobStore/AllJobsStore/"
         "EggStore calls + the feeder's enqueues; PgB client xact = transactions PgBouncer's clients sent (SHOW STATS); "
         "server xact = pg_stat_database; PgB xact ms / wait ms = mean time a transaction held / waited for a server "
         "connection (SHOW STATS); claim ticks / heartbeats run = run in the window / due (late ones are skipped, as "

@@ -9,10 +9,10 @@ import sys
 from scrapyd_pgqueue.answers import plain
 
 
-def cluster_store(args):
-    from scrapyd_pgqueue.store import ClusterStore
+def all_jobs_store(args):
+    from scrapyd_pgqueue.store import AllJobsStore
 
-    return ClusterStore.for_url(args.database_url)
+    return AllJobsStore.for_url(args.database_url)
 
 
 def print_json(data) -> None:
