@@ -281,11 +281,8 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
     for target_ms in (NOTIFY_P50_TARGET_MS, NOTIFY_P99_TARGET_MS):
         axes.axvline(target_ms, color="grey", linestyle=":", linewidth=1)
     axes.set_xscale("symlog", linthresh=10)
-    axes.set_xlabel("schedule.json response -> crawl spawned (ms, symlog; dotted: NOTIFY targets 50 / 250 ms)")
-    axes.set_ylabel("fraction of jobs")
     parameters = result["parameters"]
-    axes.set_title(f"Wake-up latency, {parameters['nodes']} Scrapyd nodes, "
-                   f"poll_interval {parameters['poll_interval']:g} s")
-    axes.legend(fontsize=8)
-    axes.grid(True, alpha=0.3)
+    title = f"Wake-up latency, {parameters['nodes']} Scrapyd nodes, poll_interval {parameters['poll_interval']:g} s"
+    xlabel = "schedule.json response -> crawl spawned (ms, symlog; dotted: NOTIFY targets 50 / 250 ms)"
+    report.finish_axes(axes, title=title, xlabel=xlabel, ylabel="fraction of jobs")
     return [report.save_figure(plt, figure, directory / "wakeup_latency.png")]
