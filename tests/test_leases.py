@@ -11,7 +11,6 @@ import json
 import threading
 import time
 
-import pytest
 from sqlalchemy import text
 
 from scrapyd_pgqueue import store as store_module
@@ -20,11 +19,6 @@ from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
 from helpers import connect, jobs, query, runs_of, schedule, wait_for
 
 NOW = datetime.datetime.now
-
-
-@pytest.fixture
-def store(database_url):
-    return JobStore.for_url(database_url)
 
 
 def register(store, *workers):

@@ -20,7 +20,7 @@ def print_json(data) -> None:
 
 
 def table(headers, rows) -> str:
-    """Left-aligned columns, two spaces apart; empty for no rows."""
+    """Left-aligned columns, two spaces apart, under their headers (the headers alone for no rows)."""
     cells = [[str(header) for header in headers]]
     cells += [["" if value is None else str(value) for value in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]

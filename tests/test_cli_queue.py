@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue.models import FAILED, FINISHED, LOST
-from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobStore
+from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL
 from helpers import skewed_clock
 
 COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
@@ -44,11 +44,6 @@ def notifications(connection, timeout=10):
     received = [(n.channel, n.payload) for n in connection.notifies]
     connection.notifies.clear()
     return received
-
-
-@pytest.fixture
-def store(database_url):
-    return JobStore.for_url(database_url)
 
 
 def finish(store, claimed, *, outcome=FINISHED, reason=None, worker="w1", ended_minutes_ago=0):
