@@ -10,7 +10,7 @@ from scrapyd_pgqueue.services.jobs import (  # noqa: F401
     ScheduleBatch,
     Status,
 )
-from scrapyd_pgqueue.services.resource import DatabaseService as ClusterResource  # the services' base, former name
+from scrapyd_pgqueue.services.resource import ClusterResource  # the services' base, by its former name
 
 __all__ = [
     "Alive", "Cancel", "ClusterResource", "DaemonStatus", "ListJobs", "Logs", "Schedule", "ScheduleBatch", "Status",
