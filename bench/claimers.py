@@ -62,7 +62,7 @@ class PgQueueClaimNextJobs:
         self.worker = uuid.uuid4().hex
 
     def claim(self) -> bool:
-        return bool(self.store.claim_next_jobs(self.projects, 1, node=self.node, worker=self.worker))
+        return bool(self.store.claim_next_jobs(self.projects, 1, node=self.node, worker=self.worker).jobs)
 
     def close(self) -> None:
         self.store.engine.dispose()

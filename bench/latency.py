@@ -40,7 +40,7 @@ def claim_paths(url: str, projects: Sequence[str]) -> dict[str, Callable[[], str
         return projects[0] if queue.pop() is not None else None
 
     def claim_next_jobs() -> str | None:
-        claimed = store.claim_next_jobs(list(projects), 1, node=node, worker=worker)
+        claimed = store.claim_next_jobs(list(projects), 1, node=node, worker=worker).jobs
         return claimed[0].project if claimed else None
 
     return {"pgqueue_pop": pop, "pgqueue_claim_next_jobs": claim_next_jobs}

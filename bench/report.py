@@ -39,8 +39,11 @@ def format_ratios(result: dict, heading: str = "ratio", digits: int = 2) -> str:
     return format_rows([heading, "value"], [[name, number(value, digits)] for name, value in result["ratios"].items()])
 
 
-def table_text(result: dict, lines: Sequence[str]) -> str:
-    """A suite's table as text: its lines, then its targets and its notes."""
+def table_text(result: dict, lines: Sequence[str], ratios: str | None = None, ratio_digits: int = 2) -> str:
+    """A suite's table as text: its lines, its ratios (under the heading ``ratios``, when given), then its targets
+    and its notes."""
+    if ratios is not None:
+        lines = [*lines, format_ratios(result, ratios, ratio_digits), ""]
     return "\n".join([*lines, format_targets(result["targets"]), *(f"note: {note}" for note in result["notes"])])
 
 
@@ -102,6 +105,29 @@ def plotting(draw):
         return [] if plt is None else draw(plt, result, directory)
 
     return plot
+
+
+def finish_axes(axes, *, title: str | None = None, xlabel: str | None = None, ylabel: str | None = None,
+                legend_size: int | None = 8, grid: str | None = "major", grid_axis: str = "both") -> None:
+    """A plot's title, axis labels, legend (None: the default size) and light grid (``grid``: which ticks, None:
+    no grid), the same in every suite."""
+    if title is not None:
+        axes.set_title(title)
+    if xlabel is not None:
+        axes.set_xlabel(xlabel)
+    if ylabel is not None:
+        axes.set_ylabel(ylabel)
+    axes.legend(**({} if legend_size is None else {"fontsize": legend_size}))
+    if grid is not None:
+        axes.grid(True, which=grid, axis=grid_axis, alpha=0.3)
+
+
+def log_axes(axes, ticks: Sequence[float], labels: Sequence[str] | None = None) -> None:
+    """Both scales logarithmic, ticks at ``ticks`` only (the values measured), no minor ticks."""
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xticks(ticks, [f"{tick:,}" for tick in ticks] if labels is None else labels)
+    axes.minorticks_off()
 
 
 def save_figure(plt, figure, path: Path) -> Path:

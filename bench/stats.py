@@ -17,6 +17,18 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
+def summarise(values: Sequence[float]) -> dict:
+    """How many values, their p50, p99, mean, min and max (NaN for none)."""
+    return {
+        "samples": len(values),
+        "p50": percentile(values, 0.50),
+        "p99": percentile(values, 0.99),
+        "mean": statistics.fmean(values) if values else math.nan,
+        "min": min(values) if values else math.nan,
+        "max": max(values) if values else math.nan,
+    }
+
+
 def summarise_ms(seconds: Sequence[float]) -> dict:
     """p50, p99, mean and max of durations given in seconds, in milliseconds.
 
@@ -25,12 +37,10 @@ def summarise_ms(seconds: Sequence[float]) -> dict:
     """
     milliseconds = [value * 1000 for value in seconds]
     tenth = max(len(milliseconds) // 10, 1)
+    summary = summarise(milliseconds)
     return {
-        "samples": len(milliseconds),
-        "p50_ms": percentile(milliseconds, 0.50),
-        "p99_ms": percentile(milliseconds, 0.99),
-        "mean_ms": statistics.fmean(milliseconds) if milliseconds else math.nan,
-        "max_ms": max(milliseconds) if milliseconds else math.nan,
+        "samples": summary["samples"],
+        **{f"{key}_ms": summary[key] for key in ("p50", "p99", "mean", "max")},
         "p50_first_tenth_ms": percentile(milliseconds[:tenth], 0.50),
         "p50_last_tenth_ms": percentile(milliseconds[-tenth:], 0.50),
     }

@@ -14,14 +14,19 @@ from scrapyd.config import Config
 from scrapyd_pgqueue.application import apply_defaults
 
 
-class ClusterConfig(Config):
+class OneLineConfig(Config):
+    """Scrapyd's configuration with the one-line node's defaults applied (``application.apply_defaults``)."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         apply_defaults(self)
 
 
+ClusterConfig = OneLineConfig  # its former name, still importable
+
+
 def main():
-    scrapyd_runner.Config = ClusterConfig  # project_environment() builds its egg storage from Config()
+    scrapyd_runner.Config = OneLineConfig  # project_environment() builds its egg storage from Config()
     scrapyd_runner.main()
 
 

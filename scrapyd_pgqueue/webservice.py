@@ -10,5 +10,8 @@ from scrapyd_pgqueue.services.jobs import (  # noqa: F401
     ScheduleBatch,
     Status,
 )
+from scrapyd_pgqueue.services.resource import ClusterResource  # the services' base, by its former name
 
-__all__ = ["Alive", "Cancel", "DaemonStatus", "ListJobs", "Logs", "Schedule", "ScheduleBatch", "Status"]
+__all__ = [
+    "Alive", "Cancel", "ClusterResource", "DaemonStatus", "ListJobs", "Logs", "Schedule", "ScheduleBatch", "Status",
+]

@@ -18,6 +18,7 @@ from sqlalchemy import make_url
 
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
+from scrapyd_pgqueue.store import JobStore
 from helpers import SECRET, accepting, chromium, connect, database_with_secret_owner
 
 
@@ -75,6 +76,18 @@ def egg(tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build_egg(tmp_path_factory.mktemp("egg"))
+
+
+@pytest.fixture
+def store(database_url):
+    """The queue's operations (``JobStore``) over the test's database."""
+    return JobStore.for_url(database_url)
+
+
+@pytest.fixture
+def record_dir(tmp_path) -> Path:
+    """Where the example project's crawls append what they ran (``EXAMPLE_RECORD_DIR``)."""
+    return tmp_path / "records"
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ def claim_until_empty(url, worker, start_at, results, largest_batch):
     time.sleep(max(0.0, start_at - time.time()))  # start all together
     claimed = []
     while batch := store.claim_next_jobs(None, chooser.randint(1, largest_batch), node=f"node-{worker}",
-                                         worker=f"w{worker}"):
+                                         worker=f"w{worker}").jobs:
         claimed.extend((job.job, job.attempt) for job in batch)
     results.put(claimed)
 

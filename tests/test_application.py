@@ -4,8 +4,12 @@ is wrong and which line fixes it; a node open beyond loopback without a password
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from scrapyd.config import Config
@@ -13,9 +17,31 @@ from scrapyd.utils import initialize_component
 
 from scrapyd_pgqueue import application
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.runner import ClusterConfig
+from scrapyd_pgqueue.runner import OneLineConfig
 from helpers import jobs, runs_of, wait_for
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+# Names a user may have imported before they moved or were renamed: still importable.
+FORMER_NAMES = [
+    "scrapyd_pgqueue.store.ClusterStore",
+    "scrapyd_pgqueue.runner.ClusterConfig",
+    "scrapyd_pgqueue.webservice.ClusterResource",
+    "scrapyd_pgqueue.services.resource.ClusterResource",
+]
+# Imports each dotted path given (a module, or a module's attribute) in a fresh interpreter, as Scrapyd loads a
+# configured component; prints the ones that fail.
+IMPORT_EACH = """
+import importlib, sys
+for path in sys.argv[1:]:
+    try:
+        importlib.import_module(path)
+    except ModuleNotFoundError as error:
+        if error.name != path:
+            raise
+        module, _, name = path.rpartition(".")
+        if not hasattr(importlib.import_module(module), name):
+            print(path)
+"""
 ONE_LINE_NODE = "[scrapyd]\napplication = scrapyd_pgqueue.application\n"
 # The seed article's form: the shared queue, with Scrapyd's own poller, launcher, job storage and services.
 HALF_NODE = "[scrapyd]\nspiderqueue = scrapyd_pgqueue.PostgresSpiderQueue\n[settings]\nexample = example.settings\n"
@@ -27,6 +53,16 @@ def config_from(text: str, tmp_path, monkeypatch) -> Config:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
     return Config()
+
+
+def test_every_path_the_readme_shows_and_every_former_name_imports():
+    shown = sorted(set(re.findall(r"scrapyd_pgqueue(?:\.\w+)+", README.read_text())))
+    assert {"scrapyd_pgqueue.application", "scrapyd_pgqueue.webservice.Schedule", "scrapyd_pgqueue.website.Root",
+            "scrapyd_pgqueue.PostgresSpiderQueue"} <= set(shown)
+    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *shown, *FORMER_NAMES], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "", f"not importable: {result.stdout.split()}"
 
 
 def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path, monkeypatch):
@@ -51,7 +87,7 @@ def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path
 def test_the_crawl_runner_reads_the_same_configuration(tmp_path, monkeypatch, database_url):
     config_from(ONE_LINE_NODE, tmp_path, monkeypatch)
     monkeypatch.setenv("SCRAPYD_DATABASE_URL", database_url)
-    storage = initialize_component(ClusterConfig(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
+    storage = initialize_component(OneLineConfig(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
     assert type(storage).__name__ == "PostgresEggStorage"
 
 

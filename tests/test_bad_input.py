@@ -73,7 +73,7 @@ def queued(queue_database, node):
     """Jobs already in the queue before any bad request: two pending, one running on another node."""
     store = JobStore.for_url(queue_database)
     store.enqueue("example", {"name": "sleeper", "_job": "running-1"}, priority=100)
-    [running] = store.claim_next_jobs(["example"], 1, node="elsewhere", worker="w-elsewhere")
+    [running] = store.claim_next_jobs(["example"], 1, node="elsewhere", worker="w-elsewhere").jobs
     assert running.job == "running-1"
     store.enqueue("example", {"name": "sleeper", "_job": "pending-1", "seconds": "1"}, priority=3)
     store.enqueue("example", {"name": "quotes", "_job": "pending-2", "note": "it's; --"})

@@ -12,8 +12,6 @@ import itertools
 import json
 from pathlib import Path
 
-import pytest
-
 from scrapyd_pgqueue.local.cluster import LocalCluster
 from helpers import wait_for
 
@@ -115,11 +113,6 @@ def assert_every_node_takes_jobs(cluster: LocalCluster, record_dir: Path) -> Non
         node.name: MAX_PROC for node in cluster.nodes
     }
     wait_until_finished_everywhere(cluster, jobs)
-
-
-@pytest.fixture
-def record_dir(tmp_path) -> Path:
-    return tmp_path / "records"
 
 
 # --- tests -----------------------------------------------------------------------------------------------------

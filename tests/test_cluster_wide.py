@@ -132,11 +132,6 @@ def ranged(url: str, byte_range: str | None) -> tuple:
 
 
 @pytest.fixture
-def record_dir(tmp_path) -> Path:
-    return tmp_path / "records"
-
-
-@pytest.fixture
 def cluster(database_url, tmp_path, record_dir):
     env = {"EXAMPLE_RECORD_DIR": str(record_dir)}
     with LocalCluster(database_url, NODES, directory=tmp_path / "nodes", config=NODE_CONFIG, env=env) as cluster:

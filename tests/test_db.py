@@ -19,7 +19,7 @@ from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.config import ConfigurationError
-from scrapyd_pgqueue.store import ClusterStore, JobStore
+from scrapyd_pgqueue.store import AllJobsStore, JobStore
 from helpers import node_role, query, wait_for
 
 
@@ -136,7 +136,7 @@ def test_a_busy_pool_makes_work_wait_and_never_opens_more_than_its_size(database
         for i in range(25):
             store.enqueue("p", {"name": "s", "_job": f"{worker}-{i}"})
             # SKIP LOCKED: a claim finds nothing while every pending row is being claimed by another thread
-            wait_for(lambda: store.claim_next_jobs(["p"], 1, node="n", worker=str(worker)), 30, "a claim")
+            wait_for(lambda: store.claim_next_jobs(["p"], 1, node="n", worker=str(worker)).jobs, 30, "a claim")
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -238,12 +238,12 @@ def test_every_operation_works_through_pgbouncer_in_transaction_mode(pgbouncer_d
     store.enqueue("p", {"name": "s", "_job": "a"}, priority=1)
     store.enqueue("p", {"name": "s", "_job": "b"})
     assert store.heartbeat("w")
-    [claimed] = store.claim_next_jobs(None, 1, node="n", worker="w")
+    [claimed] = store.claim_next_jobs(None, 1, node="n", worker="w").jobs
     assert claimed.job == "a"
     now = datetime.datetime.now()
     assert store.finish_job(project="p", spider="s", job="a", start_time=now, end_time=now, claimed=claimed, worker="w")
     assert [row.job for row in store.list_terminated(10)] == ["a"]
-    ClusterStore.for_url(pgbouncer_database_url).cancel_job("p", "b")
+    AllJobsStore.for_url(pgbouncer_database_url).cancel_job("p", "b")
     assert store.count_pending("p") == 0
 
 
@@ -324,7 +324,7 @@ def test_0006_upgrades_a_populated_queue_whose_claim_then_promotes_and_claims_in
 
     _migrate_to(database_url, "0006")
 
-    claim = JobStore.for_url(database_url).claim(["p"], 5, node="n", worker="w")
+    claim = JobStore.for_url(database_url).claim_next_jobs(["p"], 5, node="n", worker="w")
     assert claim.became_due == 750  # the delayed jobs already due (i % 4 == 1)
     # The best of them (priority 9, above any pending job's 8) are claimed by the call that promoted them.
     assert [int(job.job.split("-")[1]) % 20 for job in claim.jobs] == [9] * 5
@@ -361,7 +361,7 @@ def test_0007_reads_the_stored_naive_times_in_the_sessions_time_zone_and_claims_
     [(first, second)] = query(database_url, "SELECT min(end_time), max(end_time) FROM spider_job")
     assert first.utcoffset() is not None and second - first == datetime.timedelta(seconds=7 * 2998)
     store = JobStore.for_url(database_url)
-    [claimed] = store.claim_next_jobs(["p"], 1, node="n", worker="w")
+    [claimed] = store.claim_next_jobs(["p"], 1, node="n", worker="w").jobs
     [(started_ago,)] = query(database_url, "SELECT now() - start_time FROM spider_job WHERE id = %s", (claimed.id,))
     assert datetime.timedelta(0) <= started_ago < datetime.timedelta(minutes=1)
     now = datetime.datetime.now()

@@ -164,7 +164,8 @@ def test_the_crawl_subprocess_gets_its_egg_without_a_reactor_or_migrations(
         "storage": "PostgresEggStorage",
         "version": "1",
         "size": len(example_egg),
-        # Scrapy must still be free to install its own reactor (trap 11), and no crawl pays for Alembic.
+        # Scrapy must still be free to install its own reactor (a reactor imported first would be the default one
+        # and every crawl would die), and no crawl pays for Alembic.
         "reactor_installed": False,
         "alembic_loaded": False,
     }

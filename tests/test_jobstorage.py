@@ -114,11 +114,11 @@ def dead_job(storage, job, minutes_ago):
 
     storage.store.enqueue("p", {"name": "s", "_job": job}, options=JobOptions(retries=1))
     for _ in range(2):  # the retry is due at once (retry_delay 0)
-        [claimed] = storage.store.claim(["p"], 1, node="n", worker=pgconfig.WORKER_ID).jobs
+        [claimed] = storage.store.claim_next_jobs(["p"], 1, node="n", worker=pgconfig.WORKER_ID).jobs
         process = finished_process("p", "s", job, minutes_ago)
         process.claimed, process.outcome = claimed, "failed"
         storage.add(process)
-    storage.cluster_store.save_log(project="p", job=job, log=b"the end of the log", size=18)
+    storage.all_jobs_store.save_log(project="p", job=job, log=b"the end of the log", size=18)
 
 
 def dead_rows(admin_connection):

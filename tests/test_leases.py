@@ -11,20 +11,14 @@ import json
 import threading
 import time
 
-import pytest
 from sqlalchemy import text
 
 from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.store import ClusterStore, JobOptions, JobStore
+from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
 from helpers import connect, jobs, query, runs_of, schedule, wait_for
 
 NOW = datetime.datetime.now
-
-
-@pytest.fixture
-def store(database_url):
-    return JobStore.for_url(database_url)
 
 
 def register(store, *workers):
@@ -76,7 +70,7 @@ def test_an_expired_lease_sends_its_jobs_back_to_pending_with_the_attempt_counte
     assert after["a"][:1] == after["b"][:1] == ("pending",)
     assert after["a"][3] == after["b"][3] == 1  # the lost claim stays counted
     assert after["c"][:2] == ("ongoing", None) and after["c"][2] == "w2"  # a live node keeps its job
-    again = store.claim_next_jobs(None, 5, node="node-w-live", worker="w-live")
+    again = store.claim_next_jobs(None, 5, node="node-w-live", worker="w-live").jobs
     assert sorted((job.job, job.attempt) for job in again) == [("a", 2), ("b", 2)]
     assert recover(store) == []  # nothing expired any more
 
@@ -107,15 +101,15 @@ def test_a_job_out_of_attempts_ends_as_lost_with_the_reason(store, admin_connect
     assert reason == "node node-w2 stopped heart-beating during attempt 2 of 2"
     [listed] = store.list_terminated(10)  # listjobs.json shows it finished, with its outcome
     assert (listed.job, listed.outcome, listed.end_time is not None) == ("a", "lost", True)
-    assert store.claim_next_jobs(None, 1, node="n", worker="w-live") == []  # never run again
+    assert store.claim_next_jobs(None, 1, node="n", worker="w-live").jobs == []  # never run again
 
 
 def test_a_cancelled_running_job_is_never_handed_back_to_run_again(store, database_url, admin_connection):
     register(store, "w1", "w2", "w-live")
     enqueue(store, "dead-node", "stopping-node")
-    [on_dead] = store.claim_next_jobs(["p"], 1, node="node-w1", worker="w1")
-    [on_stopping] = store.claim_next_jobs(["p"], 1, node="node-w2", worker="w2")
-    cluster = ClusterStore.for_url(database_url)
+    [on_dead] = store.claim_next_jobs(["p"], 1, node="node-w1", worker="w1").jobs
+    [on_stopping] = store.claim_next_jobs(["p"], 1, node="node-w2", worker="w2").jobs
+    cluster = AllJobsStore.for_url(database_url)
     assert cluster.cancel_job("p", "dead-node") == cluster.cancel_job("p", "stopping-node") == "running"
     silence(admin_connection, "w1")
 
@@ -126,16 +120,16 @@ def test_a_cancelled_running_job_is_never_handed_back_to_run_again(store, databa
     assert (handed_back.job, handed_back.status) == ("stopping-node", "terminated")
     after = rows(admin_connection)
     assert after["dead-node"][:2] == after["stopping-node"][:2] == ("terminated", "cancelled")
-    assert store.claim_next_jobs(None, 5, node="node-w-live", worker="w-live") == []
+    assert store.claim_next_jobs(None, 5, node="node-w-live", worker="w-live").jobs == []
 
 
 def test_a_late_node_never_overwrites_a_newer_attempt_nor_finishes_twice(store, admin_connection):
     register(store, "w1", "w2")
     enqueue(store, "a")
-    [first] = store.claim_next_jobs(None, 1, node="node-w1", worker="w1")
+    [first] = store.claim_next_jobs(None, 1, node="node-w1", worker="w1").jobs
     silence(admin_connection, "w1")
     recover(store, worker="w2")
-    [second] = store.claim_next_jobs(None, 1, node="node-w2", worker="w2")
+    [second] = store.claim_next_jobs(None, 1, node="node-w2", worker="w2").jobs
 
     assert not store.mark_started(first, worker="w1", pid=1, start_time=NOW())
     assert not finish(store, first, "w1")
@@ -150,7 +144,7 @@ def test_a_late_node_never_overwrites_a_newer_attempt_nor_finishes_twice(store, 
 def test_a_late_finish_is_kept_while_nobody_claimed_the_job_again(store, admin_connection):
     register(store, "w1", "w2")
     enqueue(store, "pending-again", "given-up")
-    claims = {job.job: job for job in store.claim_next_jobs(None, 2, node="node-w1", worker="w1")}
+    claims = {job.job: job for job in store.claim_next_jobs(None, 2, node="node-w1", worker="w1").jobs}
     silence(admin_connection, "w1")
     with admin_connection.cursor() as cursor:  # "given-up" has used its last attempt
         cursor.execute("UPDATE spider_job SET attempts = 3 WHERE job = 'given-up'")
@@ -168,7 +162,7 @@ def test_a_late_finish_is_kept_while_nobody_claimed_the_job_again(store, admin_c
         "given-up": ("terminated", "finished"),
         "pending-again": ("terminated", "finished"),
     }
-    assert store.claim_next_jobs(None, 2, node="node-w2", worker="w2") == []
+    assert store.claim_next_jobs(None, 2, node="node-w2", worker="w2").jobs == []
 
 
 def test_a_stopped_node_jobs_are_recovered_without_waiting_for_the_lease(store, admin_connection):
@@ -202,7 +196,7 @@ def test_recovery_is_one_statement_that_reads_the_running_jobs_index(store, admi
 def test_a_stopping_node_hands_back_only_its_own_current_claims(store, admin_connection):
     register(store, "w1", "w2")
     enqueue(store, "a", "b", "last-try")
-    claims = {job.job: job for job in store.claim_next_jobs(None, 3, node="node-w1", worker="w1")}
+    claims = {job.job: job for job in store.claim_next_jobs(None, 3, node="node-w1", worker="w1").jobs}
     with admin_connection.cursor() as cursor:
         cursor.execute("UPDATE spider_job SET attempts = 3 WHERE job = 'last-try'")
     last_try = dataclasses.replace(claims["last-try"], attempt=3)
@@ -221,7 +215,7 @@ def test_a_stopping_node_hands_back_only_its_own_current_claims(store, admin_con
 
 def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection):
     enqueue(store, "known", "lost-reply", "just-claimed")
-    claims = {job.job: job for job in store.claim_next_jobs(None, 3, node="n1", worker="w1")}
+    claims = {job.job: job for job in store.claim_next_jobs(None, 3, node="n1", worker="w1").jobs}
     with admin_connection.cursor() as cursor:
         cursor.execute("UPDATE spider_job SET start_time = start_time - interval '5 minutes' WHERE job <> 'just-claimed'")
 

@@ -122,7 +122,7 @@ def test_a_fired_job_looks_like_one_schedule_json_queued(database_url, schedules
     assert [fired.job for fired in firing.fired] == [job] and status == "pending" and priority == 3
     assert message == {"page": "1", "name": "s", "_job": job, "settings": {"DOWNLOAD_DELAY": "2"}}
     assert len(job) == 32 and 59 < firing.next_due_in <= 60
-    [claimed] = JobStore.for_url(database_url).claim(["p"], 1, node="n", worker="w").jobs
+    [claimed] = JobStore.for_url(database_url).claim_next_jobs(["p"], 1, node="n", worker="w").jobs
     assert claimed.message == message
 
 
@@ -169,7 +169,8 @@ def test_overlap_skip_waits_for_the_previous_job_and_queue_does_not(database_url
         make_due(database_url, "eager")
         schedules.fire_due()
     assert len(fired_jobs(database_url, "slow")) == 1 and len(fired_jobs(database_url, "eager")) == 2
-    claimed = [job for job in store.claim(["p"], 10, node="n", worker="w").jobs if job.message["name"] == "slow"]
+    claimed = [job for job in store.claim_next_jobs(["p"], 10, node="n", worker="w").jobs
+               if job.message["name"] == "slow"]
     make_due(database_url, "slow")
     assert schedules.fire_due().skipped == ["slow"]  # still running
     now = datetime.datetime.now()

@@ -15,7 +15,7 @@ import pytest
 from scrapyd_pgqueue import cli
 from scrapyd_pgqueue.job_requests import RefusedJob, job_from_json, options_from_fields, parse_run_at
 from scrapyd_pgqueue.models import FAILED
-from scrapyd_pgqueue.store import ClusterStore, DuplicateJobError, JobOptions, JobStore
+from scrapyd_pgqueue.store import AllJobsStore, DuplicateJobError, JobOptions, JobStore
 from helpers import jobs, query, runs_of, schedule, wait_for
 
 # --- what a client may ask (pure functions) ----------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_a_batch_job_takes_the_same_options_and_they_never_reach_the_spider():
 
 
 def claim(store, limit=10, projects=("p",)):
-    return store.claim(list(projects), limit, node="n", worker="w")
+    return store.claim_next_jobs(list(projects), limit, node="n", worker="w")
 
 
 def test_a_delayed_job_waits_for_its_time_and_the_claim_says_when(database_url):
@@ -154,7 +154,7 @@ def test_a_failing_job_is_retried_with_backoff_then_dead_and_requeued(database_u
     assert backoffs[2][:2] == (None, None)
     assert jobs(database_url, "flaky")["flaky"][:2] == ("terminated", "dead")
     store.prune_terminated(0)
-    assert ClusterStore.for_url(database_url).requeue_dead(spider="s") == [("p", "flaky")]  # dead letters stay
+    assert AllJobsStore.for_url(database_url).requeue_dead(spider="s") == [("p", "flaky")]  # dead letters stay
     assert [c.job for c in claim(store).jobs] == ["flaky"]
 
 
@@ -180,7 +180,7 @@ def test_a_limited_spider_never_runs_more_than_its_limit_under_concurrent_claims
     def claimer(i):
         barrier.wait()
         for _ in range(10):
-            claimed.extend(store.claim(["p"], 1, node=f"n{i}", worker=f"w{i}").jobs)
+            claimed.extend(store.claim_next_jobs(["p"], 1, node=f"n{i}", worker=f"w{i}").jobs)
 
     threads = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
     for thread in threads:
@@ -259,7 +259,7 @@ def test_delayed_retried_and_unique_jobs_on_three_nodes(database, start_cluster,
 
 
 def test_counts_tell_delayed_past_due_and_dead_jobs(database_url):
-    store, cluster = JobStore.for_url(database_url), ClusterStore.for_url(database_url)
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
     store.enqueue("p", {"name": "s", "_job": "late"}, options=JobOptions(run_at=time.time() - 120))
     store.enqueue("p", {"name": "s", "_job": "fresh"})
     store.enqueue("p", {"name": "s", "_job": "later"}, options=JobOptions(delay=600))

@@ -20,7 +20,7 @@ import pytest
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.local.devdb import free_port
-from scrapyd_pgqueue.store import ClusterStore, JobStore
+from scrapyd_pgqueue.store import AllJobsStore, JobStore
 from scrapyd_pgqueue.offload import WEB_THREADS
 from helpers import health, jobs, query, runs, runs_of, schedule, timed, wait_for
 
@@ -325,7 +325,7 @@ def test_a_node_cut_off_longer_than_the_lease(database, start_cluster, tmp_path,
 def test_a_cancel_answered_error_during_a_stall_never_takes_effect_later(stoppable_database):
     """As schedule.json's: the cancel reaches the server, which runs it once it resumes, after the caller's time."""
     url, admin_url, server = stoppable_database
-    store, cluster = JobStore.for_url(url), ClusterStore.for_url(url)
+    store, cluster = JobStore.for_url(url), AllJobsStore.for_url(url)
     store.enqueue("p", {"name": "s", "_job": "running"})
     store.claim_next_jobs(["p"], 1, node="n", worker="w")
     store.enqueue("p", {"name": "s", "_job": "waiting"})

@@ -11,12 +11,12 @@ import threading
 import pytest
 
 from scrapyd_pgqueue.models import FAILED
-from scrapyd_pgqueue.store import ClusterStore, InvalidJobError, JobOptions, JobStore
+from scrapyd_pgqueue.store import AllJobsStore, InvalidJobError, JobOptions, JobStore
 from helpers import query
 
 
 def claim_all(store, worker="w"):
-    return store.claim(["p"], 100, node="n", worker=worker).jobs
+    return store.claim_next_jobs(["p"], 100, node="n", worker=worker).jobs
 
 
 def finish(store, claimed, outcome="finished", worker="w"):
@@ -37,7 +37,7 @@ def completions(url):
 
 
 def test_the_completion_job_is_enqueued_once_when_the_last_two_jobs_end_at_the_same_instant(database_url):
-    store, cluster = JobStore.for_url(database_url), ClusterStore.for_url(database_url)
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
     for attempt in range(10):
         root = f"root{attempt}"
         store.enqueue("p", {"name": "root", "_job": root}, options=JobOptions(on_complete="summary"))
@@ -65,7 +65,7 @@ def test_the_completion_job_is_enqueued_once_when_the_last_two_jobs_end_at_the_s
 
 
 def test_the_root_keeps_its_tree_open_until_its_own_crawl_ends(database_url):
-    store, cluster = JobStore.for_url(database_url), ClusterStore.for_url(database_url)
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
     store.enqueue("p", {"name": "root", "_job": "r"}, options=JobOptions(on_complete="summary",
                                                                       on_complete_args={"label": "x"}))
     [root] = claim_all(store)
@@ -100,11 +100,11 @@ def test_a_key_is_scheduled_once_in_a_tree_even_after_its_job_was_crawled_and_pr
 
 
 def test_cancelling_a_tree_leaves_nothing_of_it_waiting_or_running(database_url):
-    store, cluster = JobStore.for_url(database_url), ClusterStore.for_url(database_url)
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
     store.enqueue("p", {"name": "root", "_job": "r"}, options=JobOptions(on_complete="summary"))
     [root] = claim_all(store)
     store.enqueue_many("p", children("r", "a", "b", "c"))
-    [running, *_] = store.claim(["p"], 1, node="n", worker="w").jobs
+    [running, *_] = store.claim_next_jobs(["p"], 1, node="n", worker="w").jobs
     assert cluster.cancel_tree("p", "r") == {"cancelled": 2, "signalled": 2}  # b, c; the root and a
     late = store.enqueue_many("p", children(running.job, "d"))  # a running child spawns on its way out
     assert query(database_url, "SELECT status, outcome FROM spider_job WHERE job = %s", (late[0].job,)) == [
@@ -118,7 +118,7 @@ def test_cancelling_a_tree_leaves_nothing_of_it_waiting_or_running(database_url)
 
 
 def test_a_roots_tree_scoped_key_is_taken_in_the_tree_it_starts(database_url):
-    store, cluster = JobStore.for_url(database_url), ClusterStore.for_url(database_url)
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
     home = JobOptions(unique_key="home", unique_scope="tree")
     root = store.enqueue("p", {"name": "root", "_job": "r"}, options=home)
     assert root.existing is False
@@ -157,7 +157,7 @@ def test_a_tree_past_its_cap_refuses_the_next_child_and_goes_on(database_url):
                                "ON t.root_id = k.tree_id WHERE t.root_job = 'r'") == [(2,)]
     for claimed in claim_all(capped):
         finish(capped, claimed)
-    assert ClusterStore.for_url(database_url).tree("p", "r").done
+    assert AllJobsStore.for_url(database_url).tree("p", "r").done
 
 
 def test_two_schedules_at_once_into_a_tree_with_room_for_one_store_one(database_url):

@@ -114,9 +114,7 @@ def format_table(result: dict) -> str:
         report.heading("Bulk scheduling"),
         report.format_rows(["way in", "jobs", "seconds", "jobs/s"], rows),
         "",
-        report.format_ratios(result, digits=1),
-        "",
-    ])
+    ], ratios="ratio", ratio_digits=1)
 
 
 @report.plotting
@@ -126,7 +124,6 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
     axes.bar(names, [result["series"][name]["jobs_per_s"] for name in names])
     axes.axhline(TARGET_JOBS_PER_SECOND, color="grey", linestyle=":", label="target")
     axes.set_yscale("log")
-    axes.set_ylabel("jobs per second (log)")
-    axes.set_title("Scheduling in bulk, one client")
-    axes.legend()
+    report.finish_axes(axes, title="Scheduling in bulk, one client", ylabel="jobs per second (log)", legend_size=None,
+                       grid=None)
     return [report.save_figure(plt, figure, directory / "bulk.png")]

@@ -56,7 +56,7 @@ class ChurnNode:
         self.failure_messages = set()
 
     def claim(self, limit: int) -> list:
-        return self.store.claim_next_jobs(list(PROJECTS), limit, node=self.node, worker=self.worker)
+        return self.store.claim_next_jobs(list(PROJECTS), limit, node=self.node, worker=self.worker).jobs
 
     def finish(self, job) -> None:
         now = datetime.datetime.now()
@@ -311,10 +311,8 @@ def format_table(result: dict) -> str:
         "",
         report.format_rows(["index", *STAGES], index_rows),
         "",
-        report.format_ratios(result, "ratio (claim latency, sizes)"),
-        "",
     ]
-    return report.table_text(result, lines)
+    return report.table_text(result, lines, ratios="ratio (claim latency, sizes)")
 
 
 @report.plotting
@@ -324,16 +322,10 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
     figure, (tuples, sizes) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     tuples.plot(jobs, [sample["n_dead_tup"] for sample in samples], label="dead tuples")
     tuples.plot(jobs, [sample["rows"] for sample in samples], label="rows (pending + ongoing + terminated)")
-    tuples.set_ylabel("tuples")
-    tuples.set_title("spider_job during churn (autovacuum as configured)")
-    tuples.legend(fontsize=8)
-    tuples.grid(True, alpha=0.3)
+    report.finish_axes(tuples, title="spider_job during churn (autovacuum as configured)", ylabel="tuples")
     for key, label in (("heap_bytes", "heap"), ("indexes_bytes", "indexes"), ("total_bytes", "total")):
         sizes.plot(jobs, [sample[key] / 1_048_576 for sample in samples], label=label)
-    sizes.set_xlabel("jobs claimed and finished")
-    sizes.set_ylabel("MB")
-    sizes.legend(fontsize=8)
-    sizes.grid(True, alpha=0.3)
+    report.finish_axes(sizes, xlabel="jobs claimed and finished", ylabel="MB")
     paths = [report.save_figure(plt, figure, directory / "churn_table.png")]
 
     stages = result["series"]["stages"]
@@ -345,9 +337,7 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
                   for path in CLAIM_PATHS for percentile in PERCENTILES]
         axes.bar([i + offset * width for i in range(len(values))], values, width, label=stage)
     axes.set_xticks([i + width for i in range(len(labels))], labels, fontsize=8)
-    axes.set_ylabel("claim latency (ms)")
-    axes.set_title("Claim latency: fresh table, after churn, after manual VACUUM")
-    axes.legend(fontsize=8)
-    axes.grid(True, axis="y", alpha=0.3)
+    report.finish_axes(axes, title="Claim latency: fresh table, after churn, after manual VACUUM",
+                       ylabel="claim latency (ms)", grid_axis="y")
     paths.append(report.save_figure(plt, figure, directory / "churn_latency.png"))
     return paths

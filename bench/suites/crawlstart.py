@@ -142,10 +142,8 @@ def format_table(result: dict) -> str:
         f"{result['parameters']['nodes_per_storage']} real nodes per egg storage; spawn -> spider created, in ms",
         report.format_rows(["egg storage", "jobs", "p50 ms", "p90 ms", "mean ms", "min ms", "max ms"], rows),
         "",
-        report.format_ratios(result),
-        "",
     ]
-    return report.table_text(result, lines)
+    return report.table_text(result, lines, ratios="ratio")
 
 
 @report.plotting
@@ -154,9 +152,7 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
     for name, data in result["series"].items():
         values = sorted(data["values_ms"])
         axes.step(values, [(rank + 1) / len(values) for rank in range(len(values))], where="post", label=name)
-    axes.set_xlabel("crawl process spawned -> spider created (ms)")
-    axes.set_ylabel("fraction of crawls")
-    axes.set_title("Crawl start: eggs from Postgres (cached by the node) vs from files")
-    axes.legend()
-    axes.grid(True, alpha=0.3)
+    report.finish_axes(axes, title="Crawl start: eggs from Postgres (cached by the node) vs from files",
+                       xlabel="crawl process spawned -> spider created (ms)", ylabel="fraction of crawls",
+                       legend_size=None)
     return [report.save_figure(plt, figure, directory / "crawlstart.png")]

@@ -178,7 +178,7 @@ def claim_paths(url: str) -> dict:
 
     def claim_of(projects):
         def claim():
-            claimed = store.claim_next_jobs(list(projects), 1, node=node, worker=worker)
+            claimed = store.claim_next_jobs(list(projects), 1, node=node, worker=worker).jobs
             return claimed[0].project if claimed else None
 
         return claim

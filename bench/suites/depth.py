@@ -229,8 +229,4 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
 def _depth_axes(axes, depths, ylabel: str, title: str) -> None:
     axes.set_xscale("log")
     axes.set_xticks(depths, [f"{depth:,}" for depth in depths])
-    axes.set_xlabel("pending jobs")
-    axes.set_ylabel(ylabel)
-    axes.set_title(title)
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8)
+    report.finish_axes(axes, title=title, xlabel="pending jobs", ylabel=ylabel, grid="both")

@@ -563,7 +563,7 @@ def _ratios(series: dict, sizes: Sizes) -> dict:
 
 def _notes(series: dict, sizes: Sizes, statements_source: str | None) -> list[str]:
     notes = [
-        "GUIDE.md trap 3: Scrapyd's QueuePoller calls count() for every project on every tick, on every node: its "
+        "Scrapyd's QueuePoller calls count() for every project on every tick, on every node: its "
         "idle load grows with nodes x projects; PostgresPoller sends one claim per tick whatever the projects",
         f"simulated at a {sizes.interval:g} s interval; per-second figures are per tick x K / "
         f"{DEFAULT_POLL_INTERVAL:g} s (Scrapyd's default interval), per tick figures are per node",
@@ -638,10 +638,8 @@ def format_table(result: dict) -> str:
         f"{parameters['reported_at_poll_interval']:g} s interval; sim = achieved by the simulation",
         report.format_rows(headers, rows),
         "",
-        report.format_ratios(result, "ratio (statements per tick)"),
-        "",
     ]
-    return report.table_text(result, lines)
+    return report.table_text(result, lines, ratios="ratio (statements per tick)")
 
 
 @report.plotting
@@ -658,13 +656,9 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
                       color=colours[number % len(colours)], label=f"{kind} (PostgresPoller)" if kind == "pgqueue"
                       else f"{kind} (QueuePoller)", **styles[kind])
             axes.lines[-1].set_label(f"{axes.lines[-1].get_label()}, P={projects}")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xticks(parameters["nodes"], [str(nodes) for nodes in parameters["nodes"]])
-    axes.minorticks_off()
-    axes.set_xlabel("idle nodes (K)")
-    axes.set_ylabel(f"statements/s, all nodes, at poll_interval {parameters['reported_at_poll_interval']:g} s")
-    axes.set_title("Idle load on Postgres (client-side statements; pgqueue lines coincide for every P)")
-    axes.legend(fontsize=8)
-    axes.grid(True, which="both", alpha=0.3)
+    report.log_axes(axes, parameters["nodes"], [str(nodes) for nodes in parameters["nodes"]])
+    interval = parameters["reported_at_poll_interval"]
+    report.finish_axes(axes, title="Idle load on Postgres (client-side statements; pgqueue lines coincide for every P)",
+                       xlabel="idle nodes (K)", ylabel=f"statements/s, all nodes, at poll_interval {interval:g} s",
+                       grid="both")
     return [report.save_figure(plt, figure, directory / "idle_statements.png")]

@@ -70,7 +70,6 @@ import os
 import queue as queue_module
 import random
 import re
-import statistics
 import subprocess
 import threading
 import time
@@ -81,7 +80,7 @@ from pathlib import Path
 
 from bench import report
 from bench.context import Context
-from bench.stats import percentile
+from bench.stats import summarise
 
 SUMMARY = ("100 real Scrapyd nodes behind PgBouncer (poll-only, then listeners direct) and 10 to 1,000 simulated "
            "nodes: server connections and transactions, schedule.json and claim latency")
@@ -852,24 +851,13 @@ def _job_figures(jobs, requests, rows, runs, peaks, extra) -> dict:
         "claimed_more_than_once": sum(1 for job in jobs for row in rows.get(job, []) if row["attempts"] > 1),
         "outcomes": dict(outcomes),
         "ran_on_scheduling_node": sum(1 for job in ok if rows.get(job) and rows[job][0]["node"] == requests[job]["node"]),
-        "schedule_ms": _summary([requests[job]["ms"] for job in ok]),
-        "to_spawn_ms": _summary(to_spawn),
-        "to_spider_ms": _summary(to_spider),
+        "schedule_ms": summarise([requests[job]["ms"] for job in ok]),
+        "to_spawn_ms": summarise(to_spawn),
+        "to_spider_ms": summarise(to_spider),
         "to_spawn_ms_values": sorted(to_spawn),
         "to_spider_ms_values": sorted(to_spider),
         **peaks,
         **extra,
-    }
-
-
-def _summary(values: list[float]) -> dict:
-    return {
-        "samples": len(values),
-        "p50": percentile(values, 0.50),
-        "p99": percentile(values, 0.99),
-        "mean": statistics.fmean(values) if values else math.nan,
-        "min": min(values) if values else math.nan,
-        "max": max(values) if values else math.nan,
     }
 
 
@@ -1108,9 +1096,9 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
         "operations": merged["operations"],
         "enqueued": enqueued,
         "pending_at_end": pending,
-        "claim_ms": _summary(merged["claim_ms"]),
-        "heartbeat_ms": _summary(merged["heartbeat_ms"]),
-        "tick_late_ms": _summary(merged["tick_late_ms"]),
+        "claim_ms": summarise(merged["claim_ms"]),
+        "heartbeat_ms": summarise(merged["heartbeat_ms"]),
+        "tick_late_ms": summarise(merged["tick_late_ms"]),
         "claims_with_jobs": merged["claims_with_jobs"],
         "jobs_claimed": merged["jobs_claimed"],
         "jobs_finished": merged["jobs_finished"],
@@ -1301,7 +1289,7 @@ class SimNode:
 
     def __init__(self, number: int, simulation: Simulation):
         from scrapyd_pgqueue import db
-        from scrapyd_pgqueue.store import ClusterStore, EggStore, JobStore
+        from scrapyd_pgqueue.store import AllJobsStore, EggStore, JobStore
 
         parameters = simulation.parameters
         self.simulation, self.timer, self.stats = simulation, simulation.timer, simulation.stats
@@ -1310,7 +1298,7 @@ class SimNode:
         self.engine = db.get_engine(f"{simulation.url}?application_name={self.name}",
                                     pool_size=parameters["pool_size"], migrate_schema=False,
                                     application_name=db.application_name(self.name))
-        self.store, self.cluster, self.eggs = JobStore(self.engine), ClusterStore(self.engine), EggStore(self.engine)
+        self.store, self.cluster, self.eggs = JobStore(self.engine), AllJobsStore(self.engine), EggStore(self.engine)
         self.poll_interval = parameters["poll_interval"]
         self.heartbeat_interval = parameters["heartbeat_interval"]
         self.lease_seconds = parameters["lease_seconds"]
@@ -1427,8 +1415,9 @@ class SimNode:
                 return
             self.claiming = True
         try:
-            claimed = self._timed("claim_next_jobs", self.store.claim_next_jobs, [PROJECT], free, node=self.name,
-                                  worker=self.worker) or []
+            claim = self._timed("claim_next_jobs", self.store.claim_next_jobs, [PROJECT], free, node=self.name,
+                                worker=self.worker)
+            claimed = claim.jobs if claim else []
             now = datetime.datetime.now()
             with self.lock:
                 for claim in claimed:
@@ -1684,7 +1673,7 @@ def format_table(result: dict) -> str:
         f"{parameters['pgbouncer_pool_size']}, max_client_conn {simulated.get('max_client_conn', 0):,}) to Postgres "
         f"(max_connections {parameters['sim_max_connections']}); {sizes['sim_processes']} processes x "
         f"{sizes['sim_threads']} threads; {sizes['sim_jobs_per_second']:g} jobs/s enqueued; "
-        f"{sizes['sim_window_seconds']:g} s window per step. store calls = the simulated nodes' JobStore/ClusterStore/"
+        f"{sizes['sim_window_seconds']:g} s window per step. store calls = the simulated nodes' JobStore/AllJobsStore/"
         "EggStore calls + the feeder's enqueues; PgB client xact = transactions PgBouncer's clients sent (SHOW STATS); "
         "server xact = pg_stat_database; PgB xact ms / wait ms = mean time a transaction held / waited for a server "
         "connection (SHOW STATS); claim ticks / heartbeats run = run in the window / due (late ones are skipped, as "
@@ -1697,10 +1686,8 @@ def format_table(result: dict) -> str:
                             "PgB xact ms", "PgB wait ms", "claim ticks run", "heartbeats run", "CPU sim",
                             "CPU postgres", "CPU pgbouncer", "CPU machine"], latency_rows),
         "",
-        report.format_ratios(result, "ratio / difference"),
-        "",
     ]
-    return report.table_text(result, lines)
+    return report.table_text(result, lines, ratios="ratio / difference")
 
 
 @report.plotting
@@ -1714,15 +1701,9 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
     axes.plot(nodes, [p["claim_ms"]["p50"] for p in points], marker="o", label="claim_next_jobs p50")
     axes.plot(nodes, [p["claim_ms"]["p99"] for p in points], marker="s", label="claim_next_jobs p99")
     axes.plot(nodes, [p["heartbeat_ms"]["p99"] for p in points], marker="^", linestyle=":", label="heartbeat p99")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xticks(nodes, [f"{n:,}" for n in nodes])
-    axes.minorticks_off()
-    axes.set_xlabel("simulated nodes (through PgBouncer, pool 20)")
-    axes.set_ylabel("latency (ms, log)")
-    axes.set_title("Claim and heartbeat latency against the number of nodes")
-    axes.legend(fontsize=8)
-    axes.grid(True, which="both", alpha=0.3)
+    report.log_axes(axes, nodes)
+    report.finish_axes(axes, title="Claim and heartbeat latency against the number of nodes",
+                       xlabel="simulated nodes (through PgBouncer, pool 20)", ylabel="latency (ms, log)", grid="both")
     paths.append(report.save_figure(plt, figure, directory / "scale_claim_latency.png"))
 
     figure, axes = plt.subplots(figsize=(8, 5))
@@ -1737,18 +1718,9 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
             continue
         axes.plot([data["nodes"]], [data["idle"]["transactions_per_second"]], marker=marker, linestyle="none",
                   markersize=9, label=f"real nodes idle, {name.replace('_', ' ')} (poll {data['poll_interval']:g} s)")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    ticks = sorted(set(nodes) | {series["poll_only"]["nodes"]})
-    if not ticks:
-        ticks = [1]
-    axes.set_xticks(ticks, [f"{n:,}" for n in ticks])
-    axes.minorticks_off()
-    axes.set_xlabel("nodes")
-    axes.set_ylabel("per second (log)")
-    axes.set_title("Server transactions per second against the number of nodes")
-    axes.legend(fontsize=8)
-    axes.grid(True, which="both", alpha=0.3)
+    report.log_axes(axes, sorted(set(nodes) | {series["poll_only"]["nodes"]}) or [1])
+    report.finish_axes(axes, title="Server transactions per second against the number of nodes", xlabel="nodes",
+                       ylabel="per second (log)", grid="both")
     paths.append(report.save_figure(plt, figure, directory / "scale_transactions.png"))
 
     figure, axes = plt.subplots(figsize=(8, 5))
@@ -1761,10 +1733,7 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
                 axes.step(values, [(rank + 1) / len(values) for rank in range(len(values))], where="post",
                           linestyle=style, label=f"{name.replace('_', ' ')} (poll {data['poll_interval']:g} s): {what}")
     axes.set_xscale("symlog", linthresh=10)
-    axes.set_xlabel("ms after the schedule.json response (symlog)")
-    axes.set_ylabel("fraction of jobs")
-    axes.set_title(f"Wake-up, {series['poll_only']['nodes']} real nodes behind PgBouncer")
-    axes.legend(fontsize=8)
-    axes.grid(True, alpha=0.3)
+    report.finish_axes(axes, title=f"Wake-up, {series['poll_only']['nodes']} real nodes behind PgBouncer",
+                       xlabel="ms after the schedule.json response (symlog)", ylabel="fraction of jobs")
     paths.append(report.save_figure(plt, figure, directory / "scale_wakeup.png"))
     return paths

@@ -266,9 +266,6 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xticks(result["parameters"]["claimers"], [str(level) for level in result["parameters"]["claimers"]])
-    axes.set_xlabel("concurrent claimer processes")
-    axes.set_ylabel("claims per second (log)")
-    axes.set_title("Claim throughput")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8)
+    report.finish_axes(axes, title="Claim throughput", xlabel="concurrent claimer processes",
+                       ylabel="claims per second (log)", grid="both")
     return [report.save_figure(plt, figure, directory / "throughput.png")]

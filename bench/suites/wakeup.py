@@ -12,8 +12,8 @@ negative (the spawn can beat the HTTP response); the signed value is kept. Each 
 finished, then a seeded random pause keeps scheduling out of step with the nodes' poll timers: 0-1 s with NOTIFY,
 0-5 s (one poll interval) when polling only, since a shorter pause phase-locks with the timer (see PAUSE_SECONDS).
 
-Scrapy's own start-up (about 0.4 s before the spider exists, GUIDE.md trap 13) comes after the spawn: it is
-excluded, and no queue can remove it.
+Scrapy's own start-up (about 0.4 s of Python and Scrapy imports before the spider exists) comes after the spawn:
+it is excluded, and no queue can remove it.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def _notes(series: dict) -> list[str]:
         "datetime.now() right after the schedule.json response; signed: negative when the spawn beat the response "
         f"(notify: {series['notify']['negative']}, polling: {polling['negative']} of "
         f"{series['notify']['samples']} / {polling['samples']})",
-        "Scrapy's own start-up (~0.4 s before the spider exists, GUIDE.md trap 13) comes after the spawn and is "
+        "Scrapy's own start-up (~0.4 s of imports before the spider exists) comes after the spawn and is "
         "excluded; no queue can remove it",
         f"polling only: {NODES} nodes tick every {POLL_INTERVAL:g} s each; with independent phases the first tick "
         f"after a schedule comes {POLL_INTERVAL / (NODES + 1):.2f} s later on average ({POLL_INTERVAL / 2:.1f} s for "
@@ -281,11 +281,8 @@ def plot(plt, result: dict, directory: Path) -> list[Path]:
     for target_ms in (NOTIFY_P50_TARGET_MS, NOTIFY_P99_TARGET_MS):
         axes.axvline(target_ms, color="grey", linestyle=":", linewidth=1)
     axes.set_xscale("symlog", linthresh=10)
-    axes.set_xlabel("schedule.json response -> crawl spawned (ms, symlog; dotted: NOTIFY targets 50 / 250 ms)")
-    axes.set_ylabel("fraction of jobs")
     parameters = result["parameters"]
-    axes.set_title(f"Wake-up latency, {parameters['nodes']} Scrapyd nodes, "
-                   f"poll_interval {parameters['poll_interval']:g} s")
-    axes.legend(fontsize=8)
-    axes.grid(True, alpha=0.3)
+    title = f"Wake-up latency, {parameters['nodes']} Scrapyd nodes, poll_interval {parameters['poll_interval']:g} s"
+    xlabel = "schedule.json response -> crawl spawned (ms, symlog; dotted: NOTIFY targets 50 / 250 ms)"
+    report.finish_axes(axes, title=title, xlabel=xlabel, ylabel="fraction of jobs")
     return [report.save_figure(plt, figure, directory / "wakeup_latency.png")]

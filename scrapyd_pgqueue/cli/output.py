@@ -9,10 +9,10 @@ import sys
 from scrapyd_pgqueue.answers import plain
 
 
-def cluster_store(args):
-    from scrapyd_pgqueue.store import ClusterStore
+def all_jobs_store(args):
+    from scrapyd_pgqueue.store import AllJobsStore
 
-    return ClusterStore.for_url(args.database_url)
+    return AllJobsStore.for_url(args.database_url)
 
 
 def print_json(data) -> None:
@@ -20,7 +20,7 @@ def print_json(data) -> None:
 
 
 def table(headers, rows) -> str:
-    """Left-aligned columns, two spaces apart; empty for no rows."""
+    """Left-aligned columns, two spaces apart, under their headers (the headers alone for no rows)."""
     cells = [[str(header) for header in headers]]
     cells += [["" if value is None else str(value) for value in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]

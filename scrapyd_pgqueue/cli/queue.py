@@ -1,6 +1,6 @@
 """The operator's subcommands of ``scrapyd-pgqueue``: the queue at a glance, and requeue, cancel, enqueue, prune.
 
-They talk to the database directly (``store.ClusterStore``), so they work with every node down. Tables for people
+They talk to the database directly (``store.AllJobsStore``), so they work with every node down. Tables for people
 by default; ``--json`` for scripts.
 """
 
@@ -12,7 +12,7 @@ import json
 import re
 import sys
 
-from scrapyd_pgqueue.cli.output import cluster_store, fail, print_json, resolve_project, table, when
+from scrapyd_pgqueue.cli.output import all_jobs_store, fail, print_json, resolve_project, table, when
 
 # How long a stopped node stays in ``status``: long enough to see a node that just went away.
 RECENTLY_STOPPED_SECONDS = 3600
@@ -81,7 +81,7 @@ def duration(text: str) -> datetime.timedelta:
 def run_status(args) -> int:
     from scrapyd_pgqueue import db
 
-    store = cluster_store(args)
+    store = all_jobs_store(args)
     pending = store.pending_by_spider()
     queue = store.counts_by_spider(args.past_due_seconds)
     totals = {key: sum(group[key] for group in queue) for key in QUEUE_COUNTS}
@@ -146,7 +146,7 @@ def run_requeue(args) -> int:
         return _requeue_dead(args)
     if args.spider:
         return fail("--spider goes with --dead")
-    store = cluster_store(args)
+    store = all_jobs_store(args)
     project = resolve_project(store, args)
     if project is None:
         return 1
@@ -162,7 +162,7 @@ def run_requeue(args) -> int:
 
 
 def _requeue_dead(args) -> int:
-    requeued = cluster_store(args).requeue_dead(args.project, args.spider)
+    requeued = all_jobs_store(args).requeue_dead(args.project, args.spider)
     if args.json:
         print_json({"requeued": [{"project": project, "job": job} for project, job in requeued]})
     else:
@@ -179,7 +179,7 @@ def run_cancel(args) -> int:
         signal = cancel_signal(args.signal)
     except ValueError as e:
         return fail(f"--{e}")
-    store = cluster_store(args)
+    store = all_jobs_store(args)
     project = resolve_project(store, args)
     if project is None:
         return 1
@@ -200,7 +200,7 @@ def run_prune(args) -> int:
         return fail("prune needs --keep N, --older-than AGE, or both")
     if args.keep is not None and args.keep < 0:
         return fail("--keep may not be negative")
-    store = cluster_store(args)
+    store = all_jobs_store(args)
     deleted = 0
     if args.older_than is not None:
         deleted += store.prune_finished_older_than(args.older_than)

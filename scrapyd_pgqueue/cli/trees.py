@@ -1,13 +1,13 @@
 """``scrapyd-pgqueue tree JOB``: a crawl tree at a glance (its counts, whether it is done, its newest failures).
 
-Like the other operator commands it talks to the database directly (``store.ClusterStore``); ``--json`` prints
+Like the other operator commands it talks to the database directly (``store.AllJobsStore``); ``--json`` prints
 what ``tree.json`` answers (``answers.tree_answer``, shared with the web service).
 """
 
 from __future__ import annotations
 
 from scrapyd_pgqueue.answers import FAILURES_SHOWN, find_tree, tree_answer
-from scrapyd_pgqueue.cli.output import cluster_store, fail, print_json, resolve_project, table, when
+from scrapyd_pgqueue.cli.output import all_jobs_store, fail, print_json, resolve_project, table, when
 
 TREE_HELP = "show a crawl tree: its jobs by state and outcome, whether it is done, its newest failures"
 
@@ -24,7 +24,7 @@ def add_commands(commands, database_url_argument) -> None:
 
 
 def run_tree(args) -> int:
-    store = cluster_store(args)
+    store = all_jobs_store(args)
     project = resolve_project(store, args)
     if project is None:
         return 1

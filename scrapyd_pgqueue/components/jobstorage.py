@@ -22,7 +22,7 @@ from scrapyd.interfaces import IJobStorage
 from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.models import FINISHED
-from scrapyd_pgqueue.store import ClusterStore, JobStore, QueueMaintenance, local_time
+from scrapyd_pgqueue.store import AllJobsStore, JobStore, QueueMaintenance, local_time
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
@@ -57,7 +57,7 @@ class PostgresJobStorage:
         self.node = settings.node_name
         self.finished_to_keep = settings.finished_to_keep
         self.dead_to_keep = settings.dead_to_keep
-        self.cluster_store = ClusterStore.for_settings(settings)
+        self.all_jobs_store = AllJobsStore.for_settings(settings)
         self.logs_dir = config.get("logs_dir", "logs") if config is not None else ""
         self.log_max_bytes = settings.log_max_bytes
         self.maintenance = QueueMaintenance.for_settings(settings)
@@ -124,7 +124,7 @@ class PostgresJobStorage:
         if size > len(tail):
             tail = (f"[first {size - len(tail)} of {size} bytes left out (log_max_bytes); the whole log is in "
                     f"logs_dir on node {self.node}]\n").encode() + tail
-        self.cluster_store.save_log(
+        self.all_jobs_store.save_log(
             project=job.project, job=job.job, log=tail, size=size, claimed=getattr(job, "claimed", None),
             worker=pgconfig.WORKER_ID,
         )

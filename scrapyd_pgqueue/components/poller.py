@@ -76,7 +76,7 @@ class PostgresPoller:
         if not free_slots or not projects:
             return defer.succeed(Claim([], 0, None))  # nothing to fill: no claim, no timer
         return threads.deferToThread(
-            self.store.claim,
+            self.store.claim_next_jobs,
             projects,
             free_slots,
             node=self.settings.node_name,

@@ -29,7 +29,7 @@ class PostgresSpiderQueue:
         return self.store.enqueue(self.project, message, priority, options)
 
     def pop(self):
-        claimed = self.store.claim_next_jobs([self.project], 1, node=self.node, worker=pgconfig.WORKER_ID)
+        claimed = self.store.claim_next_jobs([self.project], 1, node=self.node, worker=pgconfig.WORKER_ID).jobs
         return claimed[0].message if claimed else None
 
     def count(self):

@@ -19,7 +19,7 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.store import (
-    CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, ClusterStore, EggStore, signal_number,
+    CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, AllJobsStore, EggStore, signal_number,
 )
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
@@ -62,7 +62,7 @@ class ClusterEvents:
         )
 
     def _read_state(self):
-        cancels = ClusterStore.for_settings(self.settings).requested_cancels(pgconfig.WORKER_ID)
+        cancels = AllJobsStore.for_settings(self.settings).requested_cancels(pgconfig.WORKER_ID)
         return cancels, EggStore.for_settings(self.settings).egg_catalogue()
 
     def _apply_state(self, state):

@@ -4,7 +4,7 @@ Behind a load balancer a request lands on any node, so status.json, listjobs.jso
 cancel.json answer for every job wherever it runs, in Scrapyd 1.6's JSON shapes (scrapyd-client, ScrapydWeb and
 python-scrapyd-api read them), adding keys only; ``logs`` serves a job's log on every node. Each replaces
 Scrapyd's own through the [services] section of the node's configuration, and is a few lines over
-``store.ClusterStore``. They read the node's settings from ``PostgresPoller``, which a cluster runs anyway.
+``store.AllJobsStore``. They read the node's settings from ``PostgresPoller``, which a cluster runs anyway.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from scrapyd_pgqueue.job_requests import (
     options_from_fields,
 )
 from scrapyd_pgqueue.node import metrics
-from scrapyd_pgqueue.services.resource import ClusterResource, refuse
+from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
 from scrapyd_pgqueue.store import (
     MAX_PENDING_OFFSET,
-    ClusterStore,
+    AllJobsStore,
     DuplicateJobError,
     InvalidJobError,
     JobStore,
@@ -55,12 +55,12 @@ log = Logger()
 MAX_PENDING_LIMIT = 10_000
 
 
-def log_path(job) -> str:
-    """The path of a job's log under every node's ``/logs/`` (Scrapyd's own log URL)."""
+def listjobs_log_url(job) -> str:
+    """A job's log under every node's ``/logs/``, unquoted as Scrapyd's listjobs.json gives its ``log_url``."""
     return f"/logs/{job.project}/{job.spider}/{job.job}.log"
 
 
-class Status(ClusterResource):
+class Status(DatabaseService):
     """The job's state wherever it runs: the newest run of that job id."""
 
     @param("job")
@@ -73,7 +73,7 @@ class Status(ClusterResource):
         return {"currstate": currstate, "parent": parent, "root": root}
 
 
-class ListJobs(ClusterResource):
+class ListJobs(DatabaseService):
     """Pending (one page in claim order), running on every node, and finished jobs of the cluster.
 
     ``pending_limit`` (default ``listjobs_pending_limit``) and ``pending_offset`` page the pending jobs;
@@ -127,7 +127,7 @@ class ListJobs(ClusterResource):
             "pid": job.pid,
             "start_time": str(local_time(job.start_time)),
             # The log is on the node running the job; /logs/ on any other node redirects there.
-            "log_url": log_path(job) if self.root.logs_dir else None,
+            "log_url": listjobs_log_url(job) if self.root.logs_dir else None,
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
         }
@@ -139,14 +139,14 @@ class ListJobs(ClusterResource):
             "spider": job.spider,
             "start_time": str(local_time(job.start_time)),
             "end_time": str(local_time(job.end_time)),
-            "log_url": log_path(job) if job.has_log else self.root.get_log_url(job),
+            "log_url": listjobs_log_url(job) if job.has_log else self.root.get_log_url(job),
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
             "outcome": job.outcome,
         }
 
 
-class DaemonStatus(ClusterResource):
+class DaemonStatus(DatabaseService):
     """This node as Scrapyd reports it (running: its own crawls), and the cluster under ``cluster``.
 
     Answered within a second whatever the database does (health checks and probes read it): the counts are read in
@@ -206,7 +206,7 @@ class Alive(WsResource):
         return {}
 
 
-class Cancel(ClusterResource):
+class Cancel(DatabaseService):
     """Cancel a pending job, or have the node running the job signal it (one signal per call, as in Scrapyd)."""
 
     @param("project")
@@ -242,8 +242,8 @@ class Logs(resource.Resource):
         self.local = File(root.logs_dir, "text/plain") if root.logs_dir else None
 
     @functools.cached_property
-    def store(self) -> ClusterStore:
-        return ClusterStore.for_settings(self.root.poller.settings)
+    def store(self) -> AllJobsStore:
+        return AllJobsStore.for_settings(self.root.poller.settings)
 
     def render(self, request):
         segments = request.postpath
@@ -289,7 +289,7 @@ class Logs(resource.Resource):
         return resource.ErrorPage(http.SERVICE_UNAVAILABLE, "Unavailable", message).render(request)
 
 
-class Schedule(ClusterResource):
+class Schedule(DatabaseService):
     """schedule.json as Scrapyd's (same fields, checks and answer), refusing with a plain message what the queue
     cannot store or a crawl cannot start, and taking the scheduling fields (``_run_at``, ``_delay``, ``_unique_key``,
     ``_on_conflict``, ``_retries``, ``_retry_delay``), none of which reaches the spider.
@@ -331,7 +331,7 @@ class Schedule(ClusterResource):
         return {"jobid": enqueued.job, **({"existing": True} if enqueued.existing else {})}
 
 
-class ScheduleBatch(ClusterResource):
+class ScheduleBatch(DatabaseService):
     """``schedule_batch.json``: many jobs of one project in one request, all or none, one NOTIFY.
 
     POST a JSON body ``{"project": P, "jobs": [{"spider", "priority", "jobid", "args", "settings", "version"}, ...]}``;

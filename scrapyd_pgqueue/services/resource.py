@@ -11,7 +11,7 @@ from scrapyd.webservice import WsResource
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import offload
 from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.store import ClusterStore
+from scrapyd_pgqueue.store import AllJobsStore
 
 
 def refuse(message: str) -> error.Error:
@@ -32,17 +32,20 @@ class DatabaseErrorsAsMessages(resource.Resource):
             raise error.Error(code=http.OK, message=f"the job queue is unavailable: {e}".encode()) from e
 
 
-class ClusterResource(offload.OffTheReactor, WsResource, DatabaseErrorsAsMessages):
-    """A web service over the cluster's tables, answering off the reactor (``offload.py``)."""
+class DatabaseService(offload.OffTheReactor, WsResource, DatabaseErrorsAsMessages):
+    """A JSON service over the shared queue's tables, answering off the reactor (``offload.py``)."""
 
     @functools.cached_property
     def settings(self) -> pgconfig.Settings:
         return self.root.poller.settings
 
     @functools.cached_property
-    def store(self) -> ClusterStore:
-        return ClusterStore.for_settings(self.settings)
+    def store(self) -> AllJobsStore:
+        return AllJobsStore.for_settings(self.settings)
 
     def check_project(self, project: str | None) -> None:
         if project is not None and project not in self.root.poller.queues:
             raise error.Error(code=http.OK, message=b"project '%b' not found" % project.encode())
+
+
+ClusterResource = DatabaseService  # its former name, still importable

@@ -15,7 +15,7 @@ import functools
 
 from scrapyd.webservice import param, spider_list
 from scrapyd_pgqueue.job_requests import RefusedJob, periodic_job
-from scrapyd_pgqueue.services.resource import ClusterResource, refuse
+from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.store import (
     DuplicateScheduleError,
     InvalidScheduleError,
@@ -25,7 +25,7 @@ from scrapyd_pgqueue.store import (
 )
 
 
-class ScheduleResource(ClusterResource):
+class ScheduleResource(DatabaseService):
     """A web service over the cluster's periodic jobs."""
 
     @functools.cached_property

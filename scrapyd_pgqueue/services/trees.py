@@ -12,12 +12,12 @@ from twisted.web import error, http
 
 from scrapyd.webservice import param
 from scrapyd_pgqueue.answers import FAILURES_SHOWN, find_tree, tree_answer
-from scrapyd_pgqueue.services.resource import ClusterResource
+from scrapyd_pgqueue.services.resource import DatabaseService
 
 MAX_FAILURES_SHOWN = 1000  # an answer of that many failures is already long; more is a mistake (or past bigint)
 
 
-class Tree(ClusterResource):
+class Tree(DatabaseService):
     """The tree of a job: counts by state and outcome, done, times, newest failures."""
 
     @param("project")

@@ -16,9 +16,10 @@ One module per concern:
 - ``finishing``: start, finish or retry, prune, terminated jobs (``JobEnds``, in ``JobStore``).
 - ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
 - ``trees``: crawl trees: children placed in their parent's tree, tree-scoped keys, the tree's view and cancel
-  (``TreeQueries``, in ``ClusterStore``; the open-job counts are kept by triggers, migration 0005).
-- ``cluster``: the whole cluster's view for the web services: status, lists, counts, cancel, logs (``ClusterStore``).
-- ``operator``: the operator command's queries (``OperatorQueries``, in ``ClusterStore``).
+  (``TreeQueries``, in ``AllJobsStore``; the open-job counts are kept by triggers, migration 0005).
+- ``all_jobs``: every node's jobs, for the services, the pages and the CLI: status, lists, counts, cancel, logs
+  (``AllJobsStore``).
+- ``operator``: the operator command's queries (``OperatorQueries``, in ``AllJobsStore``).
 - ``eggs``: project eggs (``EggStore``).
 - ``maintenance``: a VACUUM of the queue table when it is due, by the nodes that finish crawls (``QueueMaintenance``).
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
@@ -49,12 +50,12 @@ from scrapyd_pgqueue.store.base import (
     JobRow,
     local_time,
 )
-from scrapyd_pgqueue.store.cluster import (
+from scrapyd_pgqueue.store.all_jobs import (
     MAX_PENDING_OFFSET,
     PENDING_COUNT_CAP,
     CancelRequest,
+    AllJobsStore,
     ClusterCounts,
-    ClusterStore,
     FinishedJobRow,
     PendingJob,
     RunningJob,
@@ -82,6 +83,8 @@ from scrapyd_pgqueue.store.schedules import (
 )
 from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 from scrapyd_pgqueue.store.trees import TreeView
+
+ClusterStore = AllJobsStore  # its former name, still importable
 
 __all__ = [
     # channels and limits
@@ -138,6 +141,7 @@ __all__ = [
     "Firing",
     # stores
     "JobStore",
+    "AllJobsStore",
     "ClusterStore",
     "EggStore",
     "QueueMaintenance",

@@ -105,7 +105,7 @@ class JobRow:
     end_time: datetime.datetime | None
 
 
-# --- queries shared by cluster.py (job_status) and operator.py (requeue) ---------------------------------------
+# --- queries shared by all_jobs.py (job_status) and operator.py (requeue) --------------------------------------
 
 # The newest row of job id :job (in :project, all projects when NULL): a reused job id reports its latest run.
 # Reads spider_job_job_idx.
@@ -149,6 +149,12 @@ def on_database_clock(*moments: datetime.datetime | None) -> list[datetime.datet
 def local_time(moment: datetime.datetime | None) -> datetime.datetime | None:
     """A time from the database (aware) as Scrapyd shows times: this node's naive local time."""
     return None if moment is None else moment.astimezone().replace(tzinfo=None)
+
+
+def read_rows(engine: Engine, row_class, query, params: dict[str, Any] | None = None) -> list:
+    """Run a read-only ``query`` alone (autocommit) and give each row as ``row_class`` (a dataclass of its columns)."""
+    with db.autocommit(engine) as connection:
+        return [row_class(**row._mapping) for row in connection.execute(query, params or {})]
 
 
 def database_errors(method):

@@ -10,7 +10,14 @@ from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.models import FINISHED
-from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, ClaimedJob, JobRow, database_errors, on_database_clock
+from scrapyd_pgqueue.store.base import (
+    KEY_UNLESS_TAKEN,
+    ClaimedJob,
+    JobRow,
+    database_errors,
+    on_database_clock,
+    read_rows,
+)
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -115,20 +122,9 @@ class JobEnds:
 
     @database_errors
     def finish_job(
-        self,
-        *,
-        project: str,
-        spider: str,
-        job: str,
-        start_time: datetime.datetime,
-        end_time: datetime.datetime,
-        outcome: str = FINISHED,
-        exit_code: int | None = None,
-        reason: str | None = None,
-        pid: int | None = None,
-        node: str | None = None,
-        claimed: ClaimedJob | None = None,
-        worker: str | None = None,
+        self, *, project: str, spider: str, job: str, start_time: datetime.datetime, end_time: datetime.datetime,
+        outcome: str = FINISHED, exit_code: int | None = None, reason: str | None = None, pid: int | None = None,
+        node: str | None = None, claimed: ClaimedJob | None = None, worker: str | None = None,
     ) -> bool:
         """Mark a job terminated; return False when a claim no longer owns it (it was recovered meanwhile).
 
@@ -136,17 +132,8 @@ class JobEnds:
         claimed by ``worker`` is finished, or a terminated row is recorded for a job that never went through the
         queue.
         """
-        params = {
-            "project": project,
-            "spider": spider,
-            "job": job,
-            "outcome": outcome,
-            "exit_code": exit_code,
-            "reason": reason,
-            "pid": pid,
-            "node": node,
-            "worker": worker,
-        }
+        params = {"project": project, "spider": spider, "job": job, "outcome": outcome, "exit_code": exit_code,
+                  "reason": reason, "pid": pid, "node": node, "worker": worker}
         params["start_time"], params["end_time"] = on_database_clock(start_time, end_time)
         if claimed is not None:
             params.update(id=claimed.id, attempt=claimed.attempt)
@@ -169,8 +156,7 @@ class JobEnds:
 
     @database_errors
     def list_terminated(self, limit: int) -> list[JobRow]:
-        with db.autocommit(self.engine) as connection:
-            return [JobRow(**row._mapping) for row in connection.execute(LIST_TERMINATED, {"limit": limit})]
+        return read_rows(self.engine, JobRow, LIST_TERMINATED, {"limit": limit})
 
     @database_errors
     def count_terminated(self) -> int:

@@ -1,4 +1,4 @@
-"""The operator command's queries (``cli/``): ``OperatorQueries``, which ``ClusterStore`` inherits."""
+"""The operator command's queries (``cli/``): ``OperatorQueries``, which ``AllJobsStore`` inherits."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from scrapyd_pgqueue.store.base import (
     JobNotFoundError,
     JobRow,
     database_errors,
+    read_rows,
 )
 
 
@@ -155,7 +156,7 @@ PRUNE_FINISHED_OLDER_THAN = text("""
 
 
 class OperatorQueries:
-    """The operator command's operations over one database (part of ``ClusterStore``)."""
+    """The operator command's operations over one database (part of ``AllJobsStore``)."""
 
     engine: Engine
 
@@ -182,8 +183,7 @@ class OperatorQueries:
     @database_errors
     def nodes(self, *, lease_seconds: float, recent_seconds: float = 3600.0) -> list[NodeRow]:
         params = {"lease_seconds": float(lease_seconds), "recent_seconds": float(recent_seconds)}
-        with db.autocommit(self.engine) as connection:
-            return [NodeRow(**row._mapping) for row in connection.execute(NODES, params)]
+        return read_rows(self.engine, NodeRow, NODES, params)
 
     @database_errors
     def outcome_counts(self) -> dict[str, int]:
@@ -192,13 +192,11 @@ class OperatorQueries:
 
     @database_errors
     def troubled_jobs(self, limit: int = 20) -> list[JobRow]:
-        with db.autocommit(self.engine) as connection:
-            return [JobRow(**row._mapping) for row in connection.execute(TROUBLED_JOBS, {"limit": limit})]
+        return read_rows(self.engine, JobRow, TROUBLED_JOBS, {"limit": limit})
 
     @database_errors
     def recovered_jobs(self, limit: int = 20) -> list[JobRow]:
-        with db.autocommit(self.engine) as connection:
-            return [JobRow(**row._mapping) for row in connection.execute(RECOVERED_JOBS, {"limit": limit})]
+        return read_rows(self.engine, JobRow, RECOVERED_JOBS, {"limit": limit})
 
     @database_errors
     def projects_of_job(self, job: str) -> list[str]:

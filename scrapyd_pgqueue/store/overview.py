@@ -2,7 +2,7 @@
 
 Every query is bounded whatever the backlog (a million pending jobs): counts stop at ``COUNT_CAP`` rows, distinct
 spiders come from an index skip scan, and finished jobs are the kept ones (pruned to ``finished_to_keep``). The
-nodes and the newest failures come from ``ClusterStore`` (``nodes``, ``troubled_jobs``).
+nodes and the newest failures come from ``AllJobsStore`` (``nodes``, ``troubled_jobs``).
 """
 
 from __future__ import annotations

@@ -142,16 +142,10 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         placed = iter(inserted)
         return [known[index] if index in known else next(placed) for index in range(len(rows))]
 
-    def claim_next_jobs(
-        self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str
-    ) -> list[ClaimedJob]:
-        """Move up to ``limit`` of the best pending jobs to ``ongoing`` for this node, in claim order."""
-        return self.claim(projects, limit, node=node, worker=worker).jobs
-
     @database_errors
-    def claim(self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str) -> Claim:
-        """``claim_next_jobs``, and what the poller needs for its next claim: delayed jobs that became due, and
-        when the next one will."""
+    def claim_next_jobs(self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str) -> Claim:
+        """Move up to ``limit`` of the best pending jobs to ``ongoing`` for this node, in claim order (``.jobs``);
+        say too what the poller needs for its next claim: delayed jobs that became due, and when the next one will."""
         params = {"limit": max(limit, 0), "node": node, "worker": worker, "channel": NOTIFY_CHANNEL,
                   "projects": None if projects is None else list(projects)}
         if params["projects"] == []:

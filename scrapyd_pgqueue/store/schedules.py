@@ -27,6 +27,7 @@ from scrapyd_pgqueue.store.base import (
     check_name,
     database_errors,
     encode_message,
+    read_rows,
 )
 from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 
@@ -245,8 +246,7 @@ class ScheduleStore(StorePerEngine):
 
     @database_errors
     def list_periodic(self, project: str | None = None) -> list[PeriodicJobRow]:
-        with db.autocommit(self.engine) as connection:
-            return [PeriodicJobRow(**row._mapping) for row in connection.execute(LIST_PERIODIC, {"project": project})]
+        return read_rows(self.engine, PeriodicJobRow, LIST_PERIODIC, {"project": project})
 
     @database_errors
     def remove_periodic(self, name: str) -> None:
@@ -334,8 +334,7 @@ class ScheduleStore(StorePerEngine):
 
     @database_errors
     def list_limits(self) -> list[SpiderLimitRow]:
-        with db.autocommit(self.engine) as connection:
-            return [SpiderLimitRow(**row._mapping) for row in connection.execute(LIST_LIMITS)]
+        return read_rows(self.engine, SpiderLimitRow, LIST_LIMITS)
 
     @database_errors
     def remove_limit(self, project: str, spider: str) -> None:

@@ -1,5 +1,5 @@
 """Crawl trees: jobs scheduled by jobs (placed in their parent's tree, keys unique in a tree), the tree's view and
-its cancel; ``TreeQueries``, part of ``cluster.ClusterStore``, and the enqueue steps ``queue.JobStore`` runs.
+its cancel; ``TreeQueries``, part of ``cluster.AllJobsStore``, and the enqueue steps ``queue.JobStore`` runs.
 
 A tree's open-job count is kept by triggers (migration 0005) in the same transaction as every insert and final
 state; this module only opens trees and reads them.
@@ -286,7 +286,7 @@ SCRAPYD_STATES = {"delayed": "pending", "pending": "pending", "ongoing": "runnin
 
 
 class TreeQueries:
-    """Crawl trees over one database (part of ``ClusterStore``)."""
+    """Crawl trees over one database (part of ``AllJobsStore``)."""
 
     engine: Engine
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store import COUNT_CAP, ClusterStore, OverviewStore, ScheduleStore, local_time
-from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, log_path, no_microseconds
+from scrapyd_pgqueue.store import COUNT_CAP, AllJobsStore, OverviewStore, ScheduleStore, local_time
+from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, no_microseconds, quoted_log_path
 from scrapyd_pgqueue.web.svg import minute_chart
 
 REFRESH_SECONDS = 10
@@ -47,7 +47,7 @@ class View:
 @dataclass(frozen=True)
 class Section:
     title: str
-    fetch: Callable[[ClusterStore, OverviewStore, View], Any]
+    fetch: Callable[[AllJobsStore, OverviewStore, View], Any]
     render: Callable[[Any, View], str]
 
 
@@ -133,15 +133,13 @@ def fetch_failures(cluster, overview, view):
 
 
 def render_failures(jobs, view) -> str:
-    rows = [
-        f'<tr class="failure"><td>{esc(job.project)}</td><td>{esc(job.spider)}</td><td>{esc(job.job)}</td>'
-        f"<td>{esc(job.outcome)}</td><td>{esc(job.reason)}</td><td>{esc(job.node)}</td>"
-        f"<td>{esc(no_microseconds(local_time(job.end_time)))}</td>"
-        f'<td><a href="{view.base}{esc(log_path(job.project, job.spider, job.job))}">Log</a></td></tr>'
-        for job in jobs
-    ]
-    return table("failures", ["Project", "Spider", "Job", "Outcome", "Reason", "Node", "Ended", "Log"], rows,
-                 "No failures among the kept finished jobs.")
+    def cells(job):
+        log_link = f'<a href="{view.base}{esc(quoted_log_path(job.project, job.spider, job.job))}">Log</a>'
+        return [cell(job.project), cell(job.spider), cell(job.job), cell(job.outcome), cell(job.reason),
+                cell(job.node), cell(no_microseconds(local_time(job.end_time))), f"<td>{log_link}</td>"]
+
+    return table("failures", ["Project", "Spider", "Job", "Outcome", "Reason", "Node", "Ended", "Log"],
+                 table_rows("failure", jobs, cells), "No failures among the kept finished jobs.")
 
 
 def fetch_periodic(cluster, overview, view):
@@ -149,16 +147,16 @@ def fetch_periodic(cluster, overview, view):
 
 
 def render_periodic(schedules, view) -> str:
-    rows = [
-        f'<tr class="periodic"><td>{esc(p.name)}</td><td>{esc(p.project)}</td><td>{esc(p.spider)}</td>'
-        f"<td>{esc(p.cron + ' (' + p.timezone + ')' if p.cron else f'every {p.every_seconds:g} s')}</td>"
-        f"<td>{'paused' if p.paused else esc(no_microseconds(p.next_fire_time))}</td>"
-        f"<td>{esc(no_microseconds(p.last_fire_time))}</td><td>{esc(p.last_job)}</td>"
-        f'<td class="number">{p.fired:,}</td><td class="number">{p.skipped:,}</td></tr>'
-        for p in schedules
-    ]
+    def cells(p):
+        when = p.cron + " (" + p.timezone + ")" if p.cron else f"every {p.every_seconds:g} s"
+        return [cell(p.name), cell(p.project), cell(p.spider), cell(when),
+                cell("paused" if p.paused else no_microseconds(p.next_fire_time)),
+                cell(no_microseconds(p.last_fire_time)), cell(p.last_job),
+                number_cell(f"{p.fired:,}"), number_cell(f"{p.skipped:,}")]
+
     headers = ["Name", "Project", "Spider", "When", "Next", "Last fired", "Last job", "Fired", "Skipped"]
-    return table("periodic", headers, rows, "No periodic jobs (scrapyd-pgqueue periodic add).")
+    return table("periodic", headers, table_rows("periodic", schedules, cells),
+                 "No periodic jobs (scrapyd-pgqueue periodic add).")
 
 
 def fetch_limits(cluster, overview, view):
@@ -166,12 +164,10 @@ def fetch_limits(cluster, overview, view):
 
 
 def render_limits(limits, view) -> str:
-    rows = [
-        f'<tr class="limit"><td>{esc(limit.project)}</td><td>{esc(limit.spider)}</td>'
-        f'<td class="number">{limit.running}</td><td class="number">{limit.max_running}</td></tr>'
-        for limit in limits
-    ]
-    return table("limits", ["Project", "Spider", "Running", "Limit"], rows,
+    def cells(limit):
+        return [cell(limit.project), cell(limit.spider), number_cell(limit.running), number_cell(limit.max_running)]
+
+    return table("limits", ["Project", "Spider", "Running", "Limit"], table_rows("limit", limits, cells),
                  "No per-spider limits (scrapyd-pgqueue limit set).")
 
 
@@ -192,6 +188,19 @@ def table(element_id: str, headers: list[str], rows: list[str], empty: str) -> s
     return f'<table id="{element_id}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n' + "\n".join(rows) + "\n</tbody></table>"
 
 
+def table_rows(row_class: str, items, cells: Callable[[Any], list[str]]) -> list[str]:
+    """One ``<tr class=row_class>`` per item, of the cells ``cells(item)`` gives."""
+    return [f'<tr class="{row_class}">' + "".join(cells(item)) + "</tr>" for item in items]
+
+
+def cell(value) -> str:
+    return f"<td>{esc(value)}</td>"
+
+
+def number_cell(value) -> str:
+    return f'<td class="number">{esc(value)}</td>'
+
+
 def count_text(count: int) -> str:
     return f"{count:,}+" if count >= COUNT_CAP else f"{count:,}"
 
@@ -204,7 +213,7 @@ class DashboardPage(ThreadedPage):
             hours = DEFAULT_HOURS
         settings = self.root.settings
         view = View(self.base_path(request), local_time(db.database_now()), hours, settings)
-        cluster, overview = ClusterStore.for_settings(settings), OverviewStore.for_settings(settings)
+        cluster, overview = AllJobsStore.for_settings(settings), OverviewStore.for_settings(settings)
         parts = [render_summary(fetch_summary(cluster, overview, view), view)]
         for section in SECTIONS:
             parts.append(f"<h2>{esc(section.title)}</h2>\n" + section.render(section.fetch(cluster, overview, view), view))

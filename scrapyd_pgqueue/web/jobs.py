@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, ClusterStore, OverviewStore, local_time
-from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, log_path, no_microseconds
+from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, AllJobsStore, OverviewStore, local_time
+from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, no_microseconds, quoted_log_path
 
 STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
 EXTRA_HEADERS = ["Node", "Outcome"]
@@ -48,7 +48,7 @@ class JobsPage(ThreadedPage):
 
     def fetch(self, offset: int) -> JobsData:
         settings = self.root.settings
-        cluster = ClusterStore.for_settings(settings)
+        cluster = AllJobsStore.for_settings(settings)
         counts = cluster.cluster_counts(settings.lease_seconds)
         pending, more = cluster.pending_page(None, PENDING_PAGE_SIZE, offset)
         return JobsData(
@@ -156,7 +156,7 @@ class Rows:
         })
 
     def log_link(self, job, stored: bool) -> str:
-        path = log_path(job.project, job.spider, job.job)
+        path = quoted_log_path(job.project, job.spider, job.job)
         if stored or self.root.get_log_url(job) or job.node == self.root.node_name:
             return f'<a href="{self.base}{esc(path)}">Log</a>'
         url = self.node_urls.get(job.node)

@@ -32,7 +32,7 @@ def esc(value) -> str:
     return "" if value is None else html.escape(str(value), quote=True)
 
 
-def log_path(project: str, spider: str, job: str) -> str:
+def quoted_log_path(project: str, spider: str, job: str) -> str:
     """A job's log under any node's ``/logs/`` (its segments quoted: they come from users)."""
     return "/logs/" + "/".join(quote(segment, safe="") for segment in (project, spider, f"{job}.log"))
 

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from scrapyd_pgqueue.db import DatabaseError
 from scrapyd_pgqueue.node import metrics
-from scrapyd_pgqueue.store import ClusterStore, OverviewStore
+from scrapyd_pgqueue.store import AllJobsStore, OverviewStore
 from scrapyd_pgqueue.web.page import ThreadedPage
 
 # The states exported per spider: the waiting and running ones (kept finished jobs are a window, not a state).
@@ -38,7 +38,7 @@ class ClusterCollector:
         yield from families
 
     def cluster_families(self):
-        cluster = ClusterStore.for_settings(self.settings)
+        cluster = AllJobsStore.for_settings(self.settings)
         overview = OverviewStore.for_settings(self.settings)
         counts = cluster.cluster_counts(self.settings.lease_seconds, self.settings.past_due_seconds)
         jobs = GaugeMetricFamily("scrapyd_pgqueue_jobs", "Jobs by project, spider and state (counted up to 10,000).",

@@ -15,7 +15,7 @@ import pytest
 
 from scrapyd_pgqueue import cli, crawl
 from scrapyd_pgqueue.config import Settings
-from scrapyd_pgqueue.store import ClusterStore, JobOptions, JobStore
+from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
 from helpers import query
 
 
@@ -24,7 +24,7 @@ def in_a_crawl(database_url, monkeypatch):
     """The environment a node gives a crawl of job "root" of project "p", whose row is running."""
     store = JobStore.for_url(database_url)  # migrates the schema, as the nodes do
     store.enqueue("p", {"name": "parent", "_job": "root"})
-    store.claim(["p"], 1, node="n", worker="w")
+    store.claim_next_jobs(["p"], 1, node="n", worker="w")
     # The crawl's URL is its own string: this process's engine for database_url (a pool of 2) is not the crawl's.
     crawl_url = f"{database_url}?connect_timeout=5"
     env = crawl.crawl_environment("root", Settings(database_url=crawl_url, node_name="n", default_retries=2))
@@ -55,7 +55,7 @@ def test_schedule_makes_children_of_the_running_crawl_with_tree_keys(database_ur
     _, _, _, priority, retries, message = rows[0]
     assert (priority, retries) == (5, 2)  # the node's default_retries
     assert message == {"url": "https://a/1", "name": "page", "_job": first, "settings": {"X": "1"}}
-    assert ClusterStore.for_url(database_url).lineage(first, "p") == ("root", "root")
+    assert AllJobsStore.for_url(database_url).lineage(first, "p") == ("root", "root")
     # One connection, named after the crawl, for everything this crawl schedules.
     [(application,)] = query(database_url, "SELECT application_name FROM pg_stat_activity "
                                            "WHERE application_name LIKE '%%crawl root'")
@@ -85,7 +85,7 @@ def test_a_tree_at_its_cap_refuses_the_next_follow_up_with_the_reason(database_u
                                          r"\(tree_max_jobs\): 1 more refused"):
         crawl.schedule("page", unique_key="c")
     assert crawl.schedule("page", unique_key="a") == first[0]  # a key the tree has still answers
-    view = ClusterStore.for_url(database_url).tree("p", "root")
+    view = AllJobsStore.for_url(database_url).tree("p", "root")
     assert (view.total, view.by_state) == (3, {"pending": 2, "running": 1})
 
 
@@ -153,7 +153,7 @@ def test_the_pipeline_stores_follow_ups_in_batches_before_the_crawl_ends(databas
     assert in_a_crawl[crawl.DATABASE_URL_VARIABLE].split("@")[0] not in result.stderr  # no password in its log
 
     # The tree as people and scripts see it: the root still running, 600 children pending.
-    view = ClusterStore.for_url(database_url).tree("p", "root")
+    view = AllJobsStore.for_url(database_url).tree("p", "root")
     assert (view.total, view.open, view.done, view.by_state) == (601, 601, False, {"pending": 600, "running": 1})
 
 

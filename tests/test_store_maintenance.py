@@ -26,7 +26,7 @@ def churn(store, jobs):
     """Jobs inserted, claimed, finished and pruned, as nodes do: three dead rows each."""
     store.enqueue_many("p", [({"name": "s", "_job": uuid.uuid4().hex}, 0.0) for _ in range(jobs)])
     now = datetime.datetime.now()
-    for job in store.claim_next_jobs(["p"], jobs, node="n", worker="w"):
+    for job in store.claim_next_jobs(["p"], jobs, node="n", worker="w").jobs:
         store.finish_job(project="p", spider="s", job=job.job, start_time=now, end_time=now, claimed=job,
                          worker="w")
     store.prune_terminated(0)
@@ -112,7 +112,7 @@ def test_indexes_past_their_share_of_the_table_are_rebuilt_and_leftovers_of_a_br
     assert "spider_job_job_idx_ccnew" not in after
     assert set(after) == set(before) - {"spider_job_job_idx_ccnew"}  # same names, each a new file, all valid
     assert all(valid and node != before[name][0] for name, (node, valid) in after.items())
-    [claimed] = store.claim_next_jobs(["p"], 1, node="n", worker="w")
+    [claimed] = store.claim_next_jobs(["p"], 1, node="n", worker="w").jobs
     assert claimed.job == "j6"  # the rebuilt indexes serve the claim, in priority order
     # At the node's factor, a fresh queue has nothing to rebuild, however small its indexes.
     assert QueueMaintenance(store.engine, interval=5.0, min_index_bytes=0).rebuild_thinned_indexes() == 0

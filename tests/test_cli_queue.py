@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue.models import FAILED, FINISHED, LOST
-from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobStore
+from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL
 from helpers import skewed_clock
 
 COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
@@ -46,11 +46,6 @@ def notifications(connection, timeout=10):
     return received
 
 
-@pytest.fixture
-def store(database_url):
-    return JobStore.for_url(database_url)
-
-
 def finish(store, claimed, *, outcome=FINISHED, reason=None, worker="w1", ended_minutes_ago=0):
     end = datetime.datetime.now() - datetime.timedelta(minutes=ended_minutes_ago)
     store.finish_job(project=claimed.project, spider=claimed.message["name"], job=claimed.job,
@@ -67,7 +62,7 @@ def busy_queue(store, admin_connection):
         cursor.execute("UPDATE scrapyd_node SET heartbeat_time = now() - interval '60 seconds' WHERE id = 'w2'")
     for job in ("failed-1", "lost-1", "run-1", "run-2"):
         store.enqueue("shop", {"name": "prices", "_job": job})
-    failed, lost, *running = store.claim_next_jobs(None, 4, node="node1", worker="w1")
+    failed, lost, *running = store.claim_next_jobs(None, 4, node="node1", worker="w1").jobs
     finish(store, failed, outcome=FAILED, reason="exit code 1")
     finish(store, lost, outcome=LOST, reason="node node9 stopped heart-beating during attempt 3 of 3")
     for job in ("p-1", "p-2", "p-3"):
@@ -140,7 +135,7 @@ def test_requeue_puts_a_failed_job_back_as_it_was_scheduled(database_url, store,
         cursor.execute("SELECT status, outcome, reason, node, pid, end_time, message FROM spider_job "
                        "WHERE job = 'failed-1'")
         assert cursor.fetchone() == ("pending", None, None, None, None, None, {"name": "prices", "_job": "failed-1"})
-    claimed = store.claim_next_jobs(["shop"], 10, node="node1", worker="w1")
+    claimed = store.claim_next_jobs(["shop"], 10, node="node1", worker="w1").jobs
     assert "failed-1" in [job.job for job in claimed]
 
     # Live already: refused, with the reason.
@@ -178,7 +173,7 @@ def test_a_job_id_in_two_projects_needs_the_project(database_url, store):
 def test_prune_deletes_old_finished_jobs(database_url, store, admin_connection):
     for i in range(5):
         store.enqueue("shop", {"name": "prices", "_job": f"old-{i}"})
-    for i, claimed in enumerate(store.claim_next_jobs(None, 5, node="node1", worker="w1")):
+    for i, claimed in enumerate(store.claim_next_jobs(None, 5, node="node1", worker="w1").jobs):
         finish(store, claimed, ended_minutes_ago=[10, 120, 180, 240, 300][i])
     store.enqueue("shop", {"name": "prices", "_job": "waiting"})
 
@@ -194,7 +189,7 @@ def test_prune_deletes_old_finished_jobs(database_url, store, admin_connection):
 def test_prune_older_than_counts_on_the_databases_clock_not_the_operators(database_url, store):
     for i in range(2):
         store.enqueue("shop", {"name": "prices", "_job": f"j{i}"})
-    for claimed, minutes_ago in zip(store.claim_next_jobs(None, 2, node="node1", worker="w1"), [10, 180]):
+    for claimed, minutes_ago in zip(store.claim_next_jobs(None, 2, node="node1", worker="w1").jobs, [10, 180]):
         finish(store, claimed, ended_minutes_ago=minutes_ago)
     # An operator fourteen hours ahead (time zone) whose clock is a day fast: an hour ago is still the database's.
     operator = {"TZ": "Pacific/Kiritimati", **skewed_clock("+1d")}

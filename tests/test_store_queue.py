@@ -34,20 +34,20 @@ def test_claim_takes_global_priority_order_across_projects(database_url):
     store.enqueue("b", {"name": "s", "_job": "b-high"}, priority=10)
     store.enqueue("c", {"name": "s", "_job": "c-mid"}, priority=5)
     store.enqueue("a", {"name": "s", "_job": "a-mid"}, priority=5)
-    claimed = store.claim_next_jobs(["a", "b", "c"], 3, node="n", worker="w")
+    claimed = store.claim_next_jobs(["a", "b", "c"], 3, node="n", worker="w").jobs
     assert [job.job for job in claimed] == ["b-high", "c-mid", "a-mid"]
-    assert store.claim_next_jobs(["b", "c"], 5, node="n", worker="w") == []
-    assert [job.job for job in store.claim_next_jobs(None, 5, node="n", worker="w")] == ["a-low"]
+    assert store.claim_next_jobs(["b", "c"], 5, node="n", worker="w").jobs == []
+    assert [job.job for job in store.claim_next_jobs(None, 5, node="n", worker="w").jobs] == ["a-low"]
 
 
 def test_a_recovered_claim_cannot_be_finished_by_its_late_owner(database_url):
     store = JobStore.for_url(database_url)
     store.enqueue("p", {"name": "s", "_job": "j"})
-    [first] = store.claim_next_jobs(None, 1, node="n1", worker="w1")
+    [first] = store.claim_next_jobs(None, 1, node="n1", worker="w1").jobs
     # Another node now holds a newer attempt of the same job (as after a lease recovery).
     with store.engine.begin() as connection:
         connection.execute(text("UPDATE spider_job SET status = 'pending'"))
-    [second] = store.claim_next_jobs(None, 1, node="n2", worker="w2")
+    [second] = store.claim_next_jobs(None, 1, node="n2", worker="w2").jobs
     assert second.attempt == first.attempt + 1
     now = datetime.datetime.now()
     assert not store.finish_job(project="p", spider="s", job="j", start_time=now, end_time=now, claimed=first, worker="w1")
@@ -73,5 +73,5 @@ def test_a_small_project_behind_a_large_backlog_is_claimed_from_its_own_index(da
         cursor.execute("ROLLBACK")
     [plan] = [notice for notice in admin_connection.notices if "UPDATE spider_job" in notice]
     assert "spider_job_pending_project_idx" in plan, plan
-    [claimed] = store.claim_next_jobs(["small"], 1, node="n", worker="w")
+    [claimed] = store.claim_next_jobs(["small"], 1, node="n", worker="w").jobs
     assert claimed.job == "mine"

@@ -1,5 +1,6 @@
-"""The whole cluster's view for the web services: job status, pending pages, running and finished lists, counts,
-cancel and logs; ``ClusterStore``, which also holds the operator command's queries (``operator.OperatorQueries``).
+"""Every node's jobs, for the web services, the pages and the CLI: job status, pending pages, running and finished
+lists, counts, cancel and logs; ``AllJobsStore``, which also holds the operator command's queries
+(``operator.OperatorQueries``) and the crawl trees' (``trees.TreeQueries``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from scrapyd_pgqueue.store.base import (
     ClaimedJob,
     StorePerEngine,
     database_errors,
+    read_rows,
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
 from scrapyd_pgqueue.store.trees import TreeQueries
@@ -245,8 +247,9 @@ FIND_LOG = text("""
 """)
 
 
-class ClusterStore(StorePerEngine, OperatorQueries, TreeQueries):
-    """Job views and operations for the whole cluster: web services, cancel, logs and the operator command."""
+class AllJobsStore(StorePerEngine, OperatorQueries, TreeQueries):
+    """The jobs of every node: looked up, listed, counted, cancelled, their logs; for the web services, the pages,
+    the node's cancel events and the operator command."""
 
     @database_errors
     def job_status(self, job: str, project: str | None = None) -> str | None:
@@ -265,8 +268,7 @@ class ClusterStore(StorePerEngine, OperatorQueries, TreeQueries):
 
     @database_errors
     def running_jobs(self, project: str | None = None) -> list[RunningJob]:
-        with db.autocommit(self.engine) as connection:
-            return [RunningJob(**row._mapping) for row in connection.execute(RUNNING_JOBS, {"project": project})]
+        return read_rows(self.engine, RunningJob, RUNNING_JOBS, {"project": project})
 
     @database_errors
     def finished_jobs(self, project: str | None, limit: int) -> list[FinishedJobRow]:
@@ -302,8 +304,7 @@ class ClusterStore(StorePerEngine, OperatorQueries, TreeQueries):
 
     @database_errors
     def requested_cancels(self, worker: str) -> list[CancelRequest]:
-        with db.autocommit(self.engine) as connection:
-            return [CancelRequest(**row._mapping) for row in connection.execute(REQUESTED_CANCELS, {"worker": worker})]
+        return read_rows(self.engine, CancelRequest, REQUESTED_CANCELS, {"worker": worker})
 
     @database_errors
     def save_log(
