@@ -71,7 +71,7 @@ def test_the_wanted_nodes_are_the_work_nodes_could_run_now_over_the_slots_of_a_n
 
     # The nodes take what they may: the claim promotes the due delayed jobs and fills the limited spiders up to
     # their limits. The work is the same, only running now (the limited spider's 9 waiting jobs still want none).
-    claimed = JobStore.for_url(queue_url).claim_next_jobs(None, 100, node="n", worker="w")
+    claimed = JobStore.for_url(queue_url).claim_next_jobs(None, 100, node="n", worker="w").jobs
     assert len(claimed) == 5 + 4 + 1 + 1
     assert wanted(queue_url, 1) == WORK
 
