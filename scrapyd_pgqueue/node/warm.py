@@ -33,6 +33,8 @@ log = Logger()
 CONTROL_FD = 3  # the warm process's end of its socket pair
 MAX_MESSAGE = 4 * 1024 * 1024  # must match warm_process.MAX_MESSAGE
 NODE_PID_VARIABLE = "SCRAPYD_PGQUEUE_NODE_PID"
+# Seconds a warm process may take to import its project: past it, it is killed and the project spawned cold.
+READY_TIMEOUT = 120.0
 
 
 class WarmCrawl:
@@ -124,17 +126,27 @@ class WarmProcess:
         self.last_used = time.monotonic()
         self.spawned_at = time.monotonic()
         self.alive = True
+        self.ready = False
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         project, egg = key
         env = {**os.environ, "SCRAPY_PROJECT": project, EGG_FILE_VARIABLE: egg, NODE_PID_VARIABLE: str(os.getpid())}
         args = [sys.executable, "-m", "scrapyd_pgqueue.warm_process", str(CONTROL_FD)]
         try:
-            reactor.spawnProcess(WarmOutput(project), sys.executable, args=args, env=env,
-                                 childFDs={0: "w", 1: "r", 2: "r", CONTROL_FD: theirs.fileno()})
+            self.process = reactor.spawnProcess(WarmOutput(project), sys.executable, args=args, env=env,
+                                                childFDs={0: "w", 1: "r", 2: "r", CONTROL_FD: theirs.fileno()})
         finally:
             theirs.close()
         self.socket.setblocking(False)
         reactor.addReader(self)
+        self.ready_timer = reactor.callLater(READY_TIMEOUT, self._not_ready)
+
+    def _not_ready(self) -> None:
+        """An import that hangs would hold its crawls forever: they go cold, as every later crawl of it."""
+        self.pool.spawn_cold_from_now_on(self.key, f"its import took more than {READY_TIMEOUT:g}s")
+        try:
+            self.process.signalProcess("KILL")  # its socket closes: connectionLost spawns its crawls cold
+        except error.ProcessExitedAlready:
+            pass
 
     def fork(self, process) -> bool:
         """Ask for a fork running ``process`` (its args and env); False when it cannot be asked (spawn cold)."""
@@ -188,6 +200,8 @@ class WarmProcess:
 
     def received(self, message: dict) -> None:
         if "ready" in message:
+            self.ready = True
+            self.ready_timer.cancel()
             log.info("Warm process {pid} of project {project} ready in {seconds:.2f}s", pid=message["ready"],
                      project=self.key[0], seconds=time.monotonic() - self.spawned_at)
         elif "cold" in message:
@@ -202,7 +216,11 @@ class WarmProcess:
         self.alive = False
         self.socket.close()
         self.pool.forget(self)
-        if self.crawls and self.key not in self.pool.cold_reasons:
+        if self.ready_timer.active():
+            self.ready_timer.cancel()
+        if not self.ready and self.key not in self.pool.cold_reasons:  # a crash while importing: every time
+            self.pool.spawn_cold_from_now_on(self.key, "its warm process exited while importing the project")
+        elif self.crawls:
             log.error("Warm process of project {project} died with {count} crawls", project=self.key[0],
                       count=len(self.crawls))
         for crawl in self.crawls.values():
