@@ -92,6 +92,20 @@ def finished(url, *names, outcome="finished", timeout=60):
              f"jobs {names} to end {outcome}")
 
 
+def warm_processes(node) -> set[int]:
+    """Pids of the node's warm processes (its children running scrapyd_pgqueue.warm_process)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            command = open(f"/proc/{entry}/cmdline", "rb").read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == node.process.pid and b"scrapyd_pgqueue.warm_process" in command:
+            found.add(int(entry))
+    return found
+
+
 def deploy(node, egg, project=PROJECT, version="1"):
     answer = node.post("addversion.json", project=project, version=version, egg=egg)
     assert answer["status"] == "ok", answer
@@ -191,3 +205,18 @@ def test_a_redeploy_through_another_node_runs_the_new_code_at_the_next_crawl(
     node.post("schedule.json", project=PROJECT, spider="probe", jobid="new")
     finished(database_url, "new")
     assert probe_of(records, "old")["version"] == "1" and probe_of(records, "new")["version"] == "2"
+
+
+def test_the_least_recently_used_warm_process_is_retired_and_an_idle_one_exits(
+        database_url, start_cluster, probe_egg, records):
+    (node,) = start_cluster(database_url, 1, warm_processes="1", warm_idle_timeout="3", **WARM).nodes
+    deploy(node, probe_egg)
+    node.post("schedule.json", project=PROJECT, spider="probe", jobid="probed")
+    finished(database_url, "probed")
+    [probed] = warm_processes(node)
+    node.post("schedule.json", project="example", spider="sleeper", jobid="example")  # the baked-in project
+    finished(database_url, "example")
+    [example] = wait_for(lambda: (pids := warm_processes(node)) and probed not in pids and pids, 10,
+                         "the least recently used warm process to exit")
+    assert example != probed
+    wait_for(lambda: not warm_processes(node), 15, "the idle warm process to exit")

@@ -8,7 +8,7 @@ baked-in example project; a warm-up crawl first (the warm node's warm process im
 * tiny crawls per second: ``BURST`` jobs of the ``quotes`` spider, each fetching one page from a loopback HTTP
   server, scheduled in one ``schedule_batch.json``, until the last one has ended;
 * memory: 8 concurrent sleeping crawls, PSS (``/proc/<pid>/smaps_rollup``) per crawl; for the warm node also
-  counting its warm process, shared by them.
+  counting its warm process, shared by them; and the node's own RSS once started, before any crawl.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def run(ctx: Context) -> dict:
             cluster.start()
             try:
                 node = cluster.nodes[0]
+                idle_rss = _rss(node.process.pid)
                 _start_alone(ctx, node, records)  # warm-up
                 starts = [_start_alone(ctx, node, records) for _ in range(sizes["starts"])]
                 ctx.log(f"warmstart: {mode}: {len(starts)} starts done")
@@ -61,7 +62,7 @@ def run(ctx: Context) -> dict:
                 memory = _memory(ctx, node)
             finally:
                 cluster.stop()
-            series[mode] = {"start": _summarise(starts), "crawls_per_s": rate, **memory}
+            series[mode] = {"start": _summarise(starts), "crawls_per_s": rate, "node_idle_rss": idle_rss, **memory}
     finally:
         server.shutdown()
     ratios = {
@@ -187,12 +188,16 @@ def _sleeping(node, job: str) -> bool:
     return log.exists() and "Sleeping in the callback" in log.read_text()
 
 
-def _pss(pid: int) -> int:
-    """Bytes of proportional set size."""
+def _pss(pid: int, field: str = "Pss") -> int:
+    """Bytes of proportional set size (or another field of smaps_rollup)."""
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError(f"warmstart: no Pss for pid {pid}")
+    raise RuntimeError(f"warmstart: no {field} for pid {pid}")
+
+
+def _rss(pid: int) -> int:
+    return _pss(pid, "Rss")
 
 
 def _parent(pid: int) -> int:
@@ -208,13 +213,13 @@ def _summarise(seconds: list[float]) -> dict:
 def format_table(result: dict) -> str:
     rows = [[mode, report.number(data["start"]["p50_ms"], 0), report.number(data["start"]["p99_ms"], 0),
              report.number(data["crawls_per_s"], 2), report.megabytes(data["pss_per_crawl"]),
-             report.megabytes(data["pss_per_crawl_with_parent"])]
+             report.megabytes(data["pss_per_crawl_with_parent"]), report.megabytes(data["node_idle_rss"])]
             for mode, data in result["series"].items()]
     lines = [
         report.heading("Warm starts"),
         f"one node, max_proc {result['parameters']['max_proc']}; start = claim -> spider created",
         report.format_rows(["mode", "start p50 ms", "start p99 ms", "crawls/s", "PSS/crawl",
-                            "PSS/crawl + warm process"], rows),
+                            "PSS/crawl + warm process", "node idle RSS"], rows),
         "",
         report.format_ratios(result),
         "",

@@ -121,7 +121,7 @@ class WarmProcess:
 
     def __init__(self, pool, key: tuple[str, str]):
         self.pool, self.key = pool, key
-        self.crawls: dict[int, tuple[WarmCrawl, list[str], dict]] = {}  # number -> (crawl, args, env)
+        self.crawls: dict[int, WarmCrawl] = {}  # by the number of the request that asked for it
         self.numbers = iter(range(1, sys.maxsize))
         self.last_used = time.monotonic()
         self.spawned_at = time.monotonic()
@@ -209,6 +209,7 @@ class WarmProcess:
         elif "pid" in message:
             self.crawls[message["crawl"]].started(message["pid"])
         else:
+            self.last_used = time.monotonic()  # idle from the end of its last crawl
             self.crawls.pop(message["crawl"]).exited(message["status"])
 
     def connectionLost(self, reason) -> None:
@@ -218,8 +219,9 @@ class WarmProcess:
         self.pool.forget(self)
         if self.ready_timer.active():
             self.ready_timer.cancel()
-        if not self.ready and self.key not in self.pool.cold_reasons:  # a crash while importing: every time
-            self.pool.spawn_cold_from_now_on(self.key, "its warm process exited while importing the project")
+        if not self.ready:
+            if self.key not in self.pool.cold_reasons:  # a crash while importing would crash every time
+                self.pool.spawn_cold_from_now_on(self.key, "its warm process exited while importing the project")
         elif self.crawls:
             log.error("Warm process of project {project} died with {count} crawls", project=self.key[0],
                       count=len(self.crawls))
