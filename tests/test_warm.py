@@ -65,7 +65,8 @@ def build_egg(directory, version="1", top="", settings=""):
     source = directory / f"src-{version}-{abs(hash(top))}"
     (source / "probed" / "spiders").mkdir(parents=True)
     (source / "probed" / "__init__.py").write_text("")
-    (source / "probed" / "settings.py").write_text('SPIDER_MODULES = ["probed.spiders"]\nLOG_LEVEL = "INFO"\n' + settings)
+    (source / "probed" / "settings.py").write_text(
+        'SPIDER_MODULES = ["probed.spiders"]\nLOG_LEVEL = "INFO"\nTELNETCONSOLE_ENABLED = False\n' + settings)
     (source / "probed" / "spiders" / "__init__.py").write_text("")
     (source / "probed" / "spiders" / "probe.py").write_text(SPIDER.format(top=top, version=version))
     (source / "setup.py").write_text(textwrap.dedent("""
