@@ -72,6 +72,11 @@ class Settings:
     # Bytes of a request's body, checked before it is read (request_limits.py); addversion.json's: max_egg_bytes.
     max_request_bytes: int = 8 * 1024 * 1024
     max_egg_bytes: int = 100 * 1024 * 1024
+    # Crawls forked from a warm process per project version (node/warm.py) instead of a new Python each.
+    warm_start: bool = False
+    # Warm processes a node keeps (least recently used retired first), and seconds an unused one lives on.
+    warm_processes: int = 4
+    warm_idle_timeout: float = 300.0
 
     @property
     def stop_deadline(self) -> float:
@@ -141,6 +146,9 @@ def settings(config=None) -> Settings:
         vacuum_interval=number("vacuum_interval", 5.0),
         max_request_bytes=number("max_request_bytes", 8 * 1024 * 1024, int),
         max_egg_bytes=number("max_egg_bytes", 100 * 1024 * 1024, int),
+        warm_start=str(_get(config, "warm_start", "off")).lower() in ("on", "true", "yes", "1"),
+        warm_processes=number("warm_processes", 4, int),
+        warm_idle_timeout=number("warm_idle_timeout", 300.0),
     )
     for option in ("dead_to_keep", "tree_max_jobs"):
         if (getattr(result, option) or 0) < 0:
@@ -150,6 +158,8 @@ def settings(config=None) -> Settings:
     for option in ("max_request_bytes", "max_egg_bytes"):
         if getattr(result, option) < 1:
             raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
+    if result.warm_processes < 1:
+        raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:
         raise ConfigurationError(
             f"on_lease_lost = stop needs lease_seconds ({result.lease_seconds:g}) > two heartbeat intervals "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from bench.suites import bulk, churn, crawlstart, delayed, depth, idle, scale, throughput, wakeup
+from bench.suites import bulk, churn, crawlstart, delayed, depth, idle, scale, throughput, wakeup, warmstart
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ SUITES = [
     Suite("wakeup", wakeup),
     Suite("idle", idle),
     Suite("crawlstart", crawlstart),
+    Suite("warmstart", warmstart),
     Suite("bulk", bulk),
     # Starts its own Postgres and PgBouncer, 100 real Scrapyd nodes twice and up to 1,000 simulated ones: last.
     Suite("scale", scale),

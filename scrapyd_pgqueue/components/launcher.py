@@ -37,6 +37,7 @@ from scrapyd_pgqueue.models import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
+from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.store import JobStore
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
@@ -61,6 +62,13 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
     reason = None
     cancels_delivered = 0  # cancel requests (cancel.json on any node) signalled to this crawl; see node/events.py
     cancel_signal = None  # the signal of the latest one
+    warm_parent_died = False  # forked from a warm process that died under it (node/warm.py): handed back
+    on_started = None  # the launcher's crawl_started, called once the pid is known
+
+    def connectionMade(self):
+        super().connectionMade()
+        if self.on_started is not None:
+            self.on_started(self)
 
     def processEnded(self, status):
         if isinstance(status.value, error.ProcessDone):
@@ -87,11 +95,15 @@ class PostgresLauncher(Launcher):
         self.upkeep = TimerService(self.settings.heartbeat_interval, self.keep_up)
         self.lease = LeaseKeeper(self)
         self.lease_watch = LeaseWatch(self, self.lease) if self.settings.on_lease_lost == "stop" else None
-        self.lease_lost_claims = []  # claims of crawls stopped by lease_watch: handed back once the database answers
+        self.lease_lost_claims = []  # claims of crawls stopped by lease_watch or whose warm process died: handed back
+        # once the database answers
         self.events = ClusterEvents(self)  # cancel requests and egg changes from other nodes
         self.stopping = False
         self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
         self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
+        self.warm = None
+        if self.settings.warm_start:
+            self.warm = WarmStarts(self.settings.warm_processes, self.settings.warm_idle_timeout, self._spawn_cold)
 
     @staticmethod
     def _node_url(config):
@@ -138,6 +150,8 @@ class PostgresLauncher(Launcher):
             except error.ProcessExitedAlready:
                 pass
         yield self._wait_until(lambda: not self.processes, KILL_WAIT)
+        if self.warm is not None:
+            self.warm.stop()
         yield self._wait_until(lambda: not self.unrecorded, FLUSH_BEFORE_EXIT_WAIT, retry=self._flush_unrecorded)
         claims = [process.claimed for process in left if process.claimed is not None] + self.unstarted
         try:
@@ -181,6 +195,8 @@ class PostgresLauncher(Launcher):
     def keep_up(self):
         """Retry finishes not written yet, then hand back claims this node runs nothing for (off the reactor)."""
         self._flush_unrecorded()
+        if self.warm is not None:
+            self.warm.retire_idle()
         self.events.check()  # cancel requests and egg changes whose NOTIFY this node missed
         if self.stopping or self.lease.healthy_since is None:
             return None  # a stopping node hands its claims back itself; a database that is away is left alone
@@ -211,7 +227,8 @@ class PostgresLauncher(Launcher):
         threads.deferToThread(
             self.store.hand_back, claims, worker=pgconfig.WORKER_ID, node=self.settings.node_name,
             max_attempts=self.settings.max_attempts,
-        ).addCallbacks(self._log_released, failed, callbackArgs=("was stopped for a lost lease and handed back",))
+        ).addCallbacks(self._log_released, failed,
+                       callbackArgs=("was stopped (lost lease, or its warm process died) and handed back",))
 
     def _log_released(self, released, how):
         """Reactor thread: log jobs taken from a node, and claim at once what went back to pending."""
@@ -254,6 +271,7 @@ class PostgresLauncher(Launcher):
         project = message["_project"]
         process = PostgresProcessProtocol(project, message["_spider"], message["_job"], {}, [])
         process.claimed = claimed
+        process.on_started = self.crawl_started
         try:
             environment = self.app.getComponent(IEnvironment)
             message.setdefault("settings", {})
@@ -267,7 +285,10 @@ class PostgresLauncher(Launcher):
             args = [sys.executable, "-m", self.runner, "crawl", *get_crawl_args(message)]
             process.env, process.args = env, args
             process.deferred.addBoth(self._process_finished, slot)
-            reactor.spawnProcess(process, sys.executable, args=args, env=env)
+            if self.warm is None:
+                self._spawn_cold(process)
+            else:
+                self.warm.spawn(process, project, egg)  # warm or cold; its start is recorded either way
         except Exception as e:  # noqa: BLE001 - e.g. "Argument list too long", "embedded null byte"
             log.error("Could not start job {job}: {error}", job=message["_job"], error=e)
             process.end_time = datetime.datetime.now()
@@ -277,16 +298,23 @@ class PostgresLauncher(Launcher):
             return
         self.processes[slot] = process
         metrics.crawl_started(claimed)
-        if claimed is not None:
+
+    def _spawn_cold(self, process):
+        """As Scrapyd spawns a crawl: a new Python running the runner."""
+        reactor.spawnProcess(process, sys.executable, args=process.args, env=process.env)
+
+    def crawl_started(self, process):
+        """The crawl's pid is known (at once when spawned, once forked when warm): record it on the row."""
+        if process.claimed is not None:
             threads.deferToThread(
-                self.store.mark_started, claimed, worker=pgconfig.WORKER_ID, pid=process.pid,
+                self.store.mark_started, process.claimed, worker=pgconfig.WORKER_ID, pid=process.pid,
                 start_time=process.start_time,
             ).addErrback(lambda failure: log.error("Could not record the pid: {e}", e=failure.getErrorMessage()))
 
     def _process_finished(self, _, slot):
         process = self.processes.pop(slot)
         process.end_time = datetime.datetime.now()
-        if process.lease_lost and process.claimed is not None:
+        if (process.lease_lost or process.warm_parent_died) and process.claimed is not None:
             self.lease_lost_claims.append(process.claimed)
         elif not process.handed_back:
             self._record_finished(process)

@@ -122,6 +122,8 @@ class ClusterEvents:
             return False
         for project in projects:
             spider_list.delete(project)
+        if self.launcher.warm is not None:
+            self.launcher.warm.retire_projects(projects)  # no crawl forks from code imported before the change
         self.prune_egg_cache()
         return True
 
