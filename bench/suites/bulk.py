@@ -16,11 +16,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from bench import database, report
 from bench.context import Context
+from bench.crawls import post_batch
 from bench.stats import ratio
 
 SUMMARY = "jobs per second into the queue: schedule.json one by one, schedule_batch.json, scrapyd-pgqueue enqueue"
@@ -84,14 +84,8 @@ def _post_one_by_one(node, total: int) -> None:
 
 def _post_batches(url: str, total: int) -> None:
     for start in range(0, total, BATCH):
-        body = json.dumps({"project": "example",
-                           "jobs": [_job("batch", i) for i in range(start, min(start + BATCH, total))]}).encode()
-        request = urllib.request.Request(f"{url}schedule_batch.json", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=300) as response:
-            answer = json.load(response)
-        if answer.get("status") != "ok":
-            raise RuntimeError(f"bulk: schedule_batch.json refused a batch: {answer.get('message')}")
+        jobs = [_job("batch", i) for i in range(start, min(start + BATCH, total))]
+        post_batch(url, {"project": "example", "jobs": jobs}, 300, "bulk")
 
 
 def _timed(ctx: Context, prefix: str, jobs: int, work) -> dict:

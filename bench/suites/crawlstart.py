@@ -16,7 +16,6 @@ compares). Same host clock for both.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import uuid
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from bench import database, report
 from bench.context import Context
+from bench.crawls import spider_created
 from bench.stats import percentile, ratio
 
 SUMMARY = "spawn to spider created, PostgresEggStorage (egg cached by the node) against Scrapyd's file eggs"
@@ -110,20 +110,12 @@ def _one_job(ctx: Context, node, project: str, records: Path) -> float:
         while True:
             cursor.execute(START_TIME, (job,))
             row = cursor.fetchone()
-            created = _created(records, job)
+            created = spider_created(records, job)
             if row is not None and created is not None:
                 return created - row[0].timestamp()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"crawlstart: job {job} did not start on {node.name}:\n{node.log_tail(10)}")
             time.sleep(0.02)
-
-
-def _created(records: Path, job: str) -> float | None:
-    try:
-        lines = (records / "runs.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    return next((run["started"] for run in map(json.loads, lines) if run["job"] == job), None)
 
 
 def _summarise(seconds: list[float]) -> dict:

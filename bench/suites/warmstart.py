@@ -14,15 +14,14 @@ baked-in example project; a warm-up crawl first (the warm node's warm process im
 from __future__ import annotations
 
 import http.server
-import json
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 from bench import database, report
 from bench.context import Context
+from bench.crawls import post_batch, spider_created
 from bench.stats import percentile, ratio
 
 SUMMARY = "crawl start, tiny crawls per second and memory per crawl: forked from a warm process against cold"
@@ -117,7 +116,7 @@ def _start_alone(ctx: Context, node, records: Path) -> float:
         while True:
             cursor.execute("SELECT start_time, status FROM spider_job WHERE job = %s", (job,))
             start_time, status = cursor.fetchone()
-            created = _created(records, job)
+            created = spider_created(records, job)
             if status == "terminated" and created is not None:
                 return created - start_time.timestamp()
             if time.monotonic() > deadline:
@@ -125,27 +124,14 @@ def _start_alone(ctx: Context, node, records: Path) -> float:
             time.sleep(0.02)
 
 
-def _created(records: Path, job: str) -> float | None:
-    try:
-        lines = (records / "runs.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    return next((run["started"] for run in map(json.loads, lines) if run["job"] == job), None)
-
-
 def _burst(ctx: Context, node, url: str, count: int) -> float:
     """Crawls per second: ``count`` one-page crawls scheduled at once, until the last has ended."""
     prefix = f"burst-{uuid.uuid4().hex[:8]}"
-    body = json.dumps({"project": "example", "jobs": [
+    batch = {"project": "example", "jobs": [
         {"spider": "quotes", "jobid": f"{prefix}-{index:04}", "args": {"start_url": url}} for index in range(count)
-    ]}).encode()
+    ]}
     started = time.monotonic()
-    request = urllib.request.Request(f"{node.url}schedule_batch.json", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        answer = json.load(response)
-    if answer.get("status") != "ok":
-        raise RuntimeError(f"warmstart: schedule_batch.json: {answer}")
+    post_batch(node.url, batch, 60, "warmstart")
     with database.admin_connection(ctx.database_url) as connection, connection.cursor() as cursor:
         while True:
             cursor.execute("SELECT count(*) FILTER (WHERE status = 'terminated'), count(*) FILTER "
