@@ -33,7 +33,7 @@ from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
-from scrapyd_pgqueue.models import CANCELLED, FAILED, FINISHED, PENDING
+from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.models import PENDING
+from scrapyd_pgqueue.statuses import PENDING
 from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, on_database_clock
 
 
