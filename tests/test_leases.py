@@ -235,6 +235,44 @@ def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection)
     }
 
 
+def tick(store, worker="w-live", recover=False, release=False, known_ids=()):
+    return store.node_tick(worker=worker, lease_seconds=30, max_attempts=3, recover=recover, release=release,
+                           known_ids=known_ids, claimed_before=NOW() - datetime.timedelta(minutes=1))
+
+
+def test_one_tick_renews_the_lease_recovers_releases_and_reads_cancels_eggs_and_periodic(store, admin_connection):
+    from scrapyd_pgqueue.store import EggStore, PeriodicJob, ScheduleStore, Timing
+
+    register(store, "w1", "w-live")
+    enqueue(store, "dead-node", "forgotten", "known", "cancelled")
+    store.claim_next_jobs(None, 1, node="node-w1", worker="w1")
+    mine = {job.job: job for job in store.claim_next_jobs(None, 3, node="node-w-live", worker="w-live")}
+    silence(admin_connection, "w1")
+    silence(admin_connection, "w-live")
+    with admin_connection.cursor() as cursor:
+        cursor.execute("UPDATE spider_job SET start_time = start_time - interval '5 minutes' WHERE worker = 'w-live'")
+    ClusterStore.for_engine(store.engine).cancel_job("p", "cancelled", "TERM")
+    EggStore.for_engine(store.engine).put_egg("p", "r1", b"egg")
+    ScheduleStore.for_engine(store.engine).add_periodic(PeriodicJob("hourly", "p", "s", Timing(every_seconds=3600)))
+
+    quiet = tick(store, known_ids=[mine["known"].id, mine["cancelled"].id])  # neither flag: reads, renews
+    assert quiet.registered and quiet.recovered == [] and quiet.released == []
+    assert [(request.job, request.signal) for request in quiet.cancels] == [("cancelled", "TERM")]
+    assert quiet.eggs == {"p": (1, quiet.eggs["p"][1])}
+    assert 3500 < quiet.periodic_due_in <= 3600
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT now() - heartbeat_time < interval '5 seconds' FROM scrapyd_node WHERE id = 'w-live'")
+        assert cursor.fetchall() == [(True,)]
+
+    full = tick(store, recover=True, release=True, known_ids=[mine["known"].id, mine["cancelled"].id])
+    assert [(job.job, job.status) for job in full.recovered] == [("dead-node", "pending")]
+    assert [(job.job, job.status) for job in full.released] == [("forgotten", "pending")]
+    assert {job: row[0] for job, row in rows(admin_connection).items()} == {
+        "dead-node": "pending", "forgotten": "pending", "known": "ongoing", "cancelled": "ongoing",
+    }
+    assert not tick(store, worker="w-gone").registered  # no node row: the caller registers again
+
+
 # --- real nodes ---------------------------------------------------------------------------------------------
 
 LEASE = {"lease_seconds": "4", "heartbeat_interval": "1", "poll_interval": "1", "max_proc": "1"}
