@@ -53,7 +53,14 @@ def enqueue(store, *jobs, project="p"):
 
 
 def recover(store, worker="w-live", lease=30, max_attempts=3):
-    return store.recover_expired_leases(worker=worker, lease_seconds=lease, max_attempts=max_attempts)
+    """The node tick of ``worker`` with lease recovery (and nothing else to hand back): what it recovered."""
+    return store.node_tick(worker=worker, lease_seconds=lease, max_attempts=max_attempts, recover=True,
+                           release=False, known_ids=[], claimed_before=NOW()).recovered
+
+
+def tick(store, worker="w-live", recover=False, release=False, known_ids=()):
+    return store.node_tick(worker=worker, lease_seconds=30, max_attempts=3, recover=recover, release=release,
+                           known_ids=known_ids, claimed_before=NOW() - datetime.timedelta(minutes=1))
 
 
 def finish(store, claimed, worker):
@@ -192,10 +199,10 @@ def test_recovery_is_one_statement_that_reads_the_running_jobs_index(store, admi
     with admin_connection.cursor() as cursor:
         cursor.execute("ANALYZE spider_job")
         cursor.execute("ANALYZE scrapyd_node")
-    params = {"worker": "w2", "lease_seconds": 30.0, "max_attempts": 3, "now": NOW(),
-              "channel": store_module.NOTIFY_CHANNEL}
+    params = {"worker": "w2", "lease_seconds": 30.0, "max_attempts": 3, "recover": True, "release": False,
+              "known_ids": [], "claimed_before": NOW(), "channel": store_module.NOTIFY_CHANNEL}
     with store.engine.connect() as connection:
-        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.RECOVER_EXPIRED_LEASES.text), params).scalars())
+        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.NODE_TICK_QUERY), params).scalars())
     assert "spider_job_ongoing_worker_idx" in plan, plan
 
 
@@ -225,19 +232,12 @@ def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection)
     with admin_connection.cursor() as cursor:
         cursor.execute("UPDATE spider_job SET start_time = start_time - interval '5 minutes' WHERE job <> 'just-claimed'")
 
-    released = store.release_forgotten_claims(
-        worker="w1", known_ids=[claims["known"].id], claimed_before=NOW() - datetime.timedelta(minutes=1)
-    )
+    released = tick(store, worker="w1", release=True, known_ids=[claims["known"].id]).released
 
     assert [job.job for job in released] == ["lost-reply"]
     assert {job: row[0] for job, row in rows(admin_connection).items()} == {
         "known": "ongoing", "lost-reply": "pending", "just-claimed": "ongoing",
     }
-
-
-def tick(store, worker="w-live", recover=False, release=False, known_ids=()):
-    return store.node_tick(worker=worker, lease_seconds=30, max_attempts=3, recover=recover, release=release,
-                           known_ids=known_ids, claimed_before=NOW() - datetime.timedelta(minutes=1))
 
 
 def test_one_tick_renews_the_lease_recovers_releases_and_reads_cancels_eggs_and_periodic(store, admin_connection):

@@ -47,7 +47,7 @@ HEARTBEAT = text("""
 # Mark this process stopped (graceful shutdown).
 STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
 
-# The end of the two statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
+# The end of the statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
 # row has an outcome ends now and keeps its pid for the record; the rest go back to the queue. Returns every
 # settled job, and wakes idle nodes (one NOTIFY per job sent back to pending).
 SETTLED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() END,
@@ -60,7 +60,14 @@ ENDED_FROM = SETTLED_FROM + """
     SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
     FROM {settled}"""
 
-# The two steps of a recovery, reused by the node's tick (NODE_TICK): the expired claims, then their settling.
+# Lease recovery, a step of the node's tick (NODE_TICK): the jobs of every other process whose lease expired (no
+# heartbeat for :lease_seconds, database clock) or that stopped. A job lost with its node failed: with _retries it
+# waits out its backoff as 'delayed' (failure counted), or ends 'dead' once they are used up; without, it goes back
+# to pending at once (the claim stays counted in attempts) and ends 'lost' once :max_attempts claims are used up. A
+# cancel request ends it as 'cancelled' (a cancelled job never runs again). Pending ones wake idle nodes. Reads
+# spider_job_ongoing_worker_idx (running jobs only, by owner) joined to the small node table, never the waiting or
+# finished rows. Locks owner and job rows, skipping locked ones: a heartbeat or a finish being written at this
+# instant wins, and two nodes recovering at once share the work. Two parts: the expired claims, then their settling.
 EXPIRED_CLAIMS = """
     expired AS (
         SELECT j.id, n.name,
@@ -86,17 +93,6 @@ RECOVER_EXPIRED = f"""
                 'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
             ) END,
             """
-# Recover the jobs of every other process whose lease expired (no heartbeat for :lease_seconds, database clock) or
-# that stopped. A job lost with its node failed: with _retries it waits out its backoff as 'delayed' (failure
-# counted), or ends 'dead' once they are used up; without, it goes back to pending at once (the claim stays counted
-# in attempts) and ends 'lost' once :max_attempts claims are used up. A cancel request ends it as 'cancelled' (a
-# cancelled job never runs again). Pending ones wake idle nodes. Reads spider_job_ongoing_worker_idx (running jobs
-# only, by owner) joined to the small node table, never the waiting or finished rows. Locks owner and job rows,
-# skipping locked ones: a heartbeat or a finish being written at this instant wins, and two nodes recovering at once
-# share the work.
-RECOVER_EXPIRED_LEASES = text(f"""
-    WITH {EXPIRED_CLAIMS}, recovered AS ({RECOVER_EXPIRED}{ENDED_FROM.format(source="expired", settled="recovered")}
-""")
 
 # Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
 # terminate them, as 'cancelled' when cancel.json asked for it, or as 'interrupted' once :max_attempts claims are
@@ -139,11 +135,6 @@ FORGOTTEN_CLAIMS = f"""
         WHERE status = 'ongoing' AND worker = :worker AND NOT (id = ANY(:known_ids))
           AND start_time < :claimed_before
         RETURNING id, project, job, status"""
-RELEASE_FORGOTTEN_CLAIMS = text(f"""
-    WITH released AS ({FORGOTTEN_CLAIMS})
-    SELECT id, project, job, pg_notify(:channel, project) AS notified FROM released
-""")
-
 # A node's tick: everything an idle node sends and learns each heartbeat, in one statement (one round trip, one
 # transaction) on its lease connection. Renews its lease (NULL clock: the node row is gone, register again);
 # when :recover, recovers other nodes' expired leases (EXPIRED_CLAIMS); when :release, hands back its forgotten
@@ -151,11 +142,10 @@ RELEASE_FORGOTTEN_CLAIMS = text(f"""
 # crawls (a floor under NOTIFY), the egg catalogue (EGG_CATALOGUE's figures: which projects changed) and in how
 # many seconds the next periodic job is due (NEXT_FIRE_IN). Recovery and release touch disjoint rows (other
 # workers' jobs, this worker's), and a false flag costs nothing: the values are in the query string, so the
-# planner drops that step. Its lock_timeout is short: a lock held on spider_job (or the other tables it reads) must not
-# hold up the lease, so past it the tick gives way to HEARTBEAT alone (see node_tick).
+# planner drops that step. Its lock_timeout is short: a lock held on spider_job (or another table it reads) must
+# not hold up the lease, so past it the tick gives way to HEARTBEAT alone (see node_tick).
 TICK_LOCK_TIMEOUT_MS = 250
-NODE_TICK = text(f"""
-    SET LOCAL lock_timeout = {TICK_LOCK_TIMEOUT_MS};
+NODE_TICK_QUERY = f"""
     WITH beat AS (
         UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
         RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
@@ -176,7 +166,8 @@ NODE_TICK = text(f"""
             ) AS catalogue) AS eggs,
            (SELECT CAST(extract(epoch FROM min(next_fire_time) - now()) AS double precision) FROM periodic_job
             WHERE NOT paused) AS periodic_due_in
-""")
+"""
+NODE_TICK = text(f"SET LOCAL lock_timeout = {TICK_LOCK_TIMEOUT_MS}; {NODE_TICK_QUERY}")
 
 # --- operations ------------------------------------------------------------------------------------------------
 
@@ -276,12 +267,6 @@ class NodeLeases:
             connection.execute(STOP_NODE, {"worker": worker})
 
     @database_errors
-    def recover_expired_leases(self, *, worker: str, lease_seconds: float, max_attempts: int) -> list[ReleasedJob]:
-        """Take the running jobs of the other processes whose lease expired; return what was taken and where to."""
-        return self._settle(RECOVER_EXPIRED_LEASES, worker=worker, lease_seconds=float(lease_seconds),
-                            max_attempts=max_attempts)
-
-    @database_errors
     def hand_back(
         self, claims: Iterable[ClaimedJob], *, worker: str, node: str, max_attempts: int
     ) -> list[ReleasedJob]:
@@ -297,21 +282,6 @@ class NodeLeases:
         """Run a statement that settles claims (``ENDED_FROM``): pending jobs wake idle nodes on NOTIFY_CHANNEL."""
         with db.autocommit(self.engine) as connection:
             return _released(connection.execute(statement, {**params, "channel": NOTIFY_CHANNEL}))
-
-    @database_errors
-    def release_forgotten_claims(
-        self, *, worker: str, known_ids: Iterable[int], claimed_before: datetime.datetime
-    ) -> list[ReleasedJob]:
-        """Back to pending: this process's claims made before ``claimed_before`` that are not in ``known_ids``."""
-        params = {
-            "worker": worker,
-            "known_ids": list(known_ids),
-            "claimed_before": on_database_clock(claimed_before)[0],
-            "channel": NOTIFY_CHANNEL,
-        }
-        with db.autocommit(self.engine) as connection:
-            rows = connection.execute(RELEASE_FORGOTTEN_CLAIMS, params)
-            return [ReleasedJob(row.id, row.project, row.job, PENDING) for row in rows]
 
     @database_errors
     def claims_taken_over(self, claims: Iterable[ClaimedJob], *, worker: str) -> list[TakenOverJob]:
