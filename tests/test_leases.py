@@ -55,12 +55,13 @@ def enqueue(store, *jobs, project="p"):
 def recover(store, worker="w-live", lease=30, max_attempts=3):
     """The node tick of ``worker`` with lease recovery (and nothing else to hand back): what it recovered."""
     return store.node_tick(worker=worker, lease_seconds=lease, max_attempts=max_attempts, recover=True,
-                           release=False, known_ids=[], claimed_before=NOW()).recovered
+                           release=False, known_ids=[], claimed_before=NOW(), prompt_seconds=60).recovered
 
 
 def tick(store, worker="w-live", recover=False, release=False, known_ids=()):
     return store.node_tick(worker=worker, lease_seconds=30, max_attempts=3, recover=recover, release=release,
-                           known_ids=known_ids, claimed_before=NOW() - datetime.timedelta(minutes=1))
+                           known_ids=known_ids, claimed_before=NOW() - datetime.timedelta(minutes=1),
+                           prompt_seconds=60)
 
 
 def finish(store, claimed, worker):
@@ -200,7 +201,7 @@ def test_recovery_is_one_statement_that_reads_the_running_jobs_index(store, admi
         cursor.execute("ANALYZE spider_job")
         cursor.execute("ANALYZE scrapyd_node")
     params = {"worker": "w2", "lease_seconds": 30.0, "max_attempts": 3, "recover": True, "release": False,
-              "known_ids": [], "claimed_before": NOW(), "channel": store_module.NOTIFY_CHANNEL}
+              "known_ids": [], "claimed_before": NOW(), "channel": store_module.NOTIFY_CHANNEL, "prompt_seconds": 60.0}
     with store.engine.connect() as connection:
         plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.NODE_TICK_QUERY), params).scalars())
     assert "spider_job_ongoing_worker_idx" in plan, plan

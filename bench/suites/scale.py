@@ -1388,6 +1388,7 @@ class SimNode:
                 max_attempts=self.max_attempts, known_ids=known, release=healthy,
                 recover=healthy and time.monotonic() - self.healthy_since >= self.lease_seconds,
                 claimed_before=datetime.datetime.now() - datetime.timedelta(seconds=60),
+                prompt_seconds=2 * self.heartbeat_interval,
             )
             if tick is None:
                 self.healthy_since = None

@@ -29,6 +29,9 @@ log = Logger()
 # A claim this old that the node runs no crawl for was lost on its way back (the connection died after the commit):
 # far longer than a claim can take (connect and statement timeouts), so a claim still on its way is never taken.
 FORGOTTEN_CLAIM_AGE = datetime.timedelta(seconds=60)
+# A tick recovers other nodes' leases only when this node's previous heartbeat is at most this many heartbeat
+# intervals old on the database's clock: one sent before a stall and run after it recovers nothing.
+PROMPT_HEARTBEATS = 2
 
 
 class LeaseKeeper(threading.Thread):
@@ -88,6 +91,7 @@ class LeaseKeeper(threading.Thread):
             recover=healthy and started - self.healthy_since >= settings.lease_seconds,
             release=healthy, known_ids=launcher.known_claim_ids(),
             claimed_before=datetime.datetime.now() - FORGOTTEN_CLAIM_AGE,
+            prompt_seconds=PROMPT_HEARTBEATS * settings.heartbeat_interval,
         )
         if not tick.registered:
             self.store.register_node(

@@ -145,11 +145,18 @@ FORGOTTEN_CLAIMS = f"""
 # planner drops that step. Its lock_timeout is short: a lock held on spider_job (or another table it reads) must
 # not hold up the lease, so past it the tick gives way to HEARTBEAT alone (see node_tick).
 TICK_LOCK_TIMEOUT_MS = 250
+# Recovery runs only in a prompt tick: this node's previous heartbeat (the row as the statement's snapshot sees it,
+# before its own update) is at most :prompt_seconds old. A tick held up in a stalled server (sent before the stall,
+# run after it, when every node's heartbeat is old) recovers nothing: a stall is not a death.
+PROMPT_TICK = """AND :recover AND EXISTS (
+            SELECT FROM scrapyd_node AS me
+            WHERE me.id = :worker AND me.heartbeat_time > now() - make_interval(secs => :prompt_seconds)
+        )"""
 NODE_TICK_QUERY = f"""
     WITH beat AS (
         UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
         RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
-    ), {EXPIRED_CLAIMS.replace("FOR UPDATE", "AND :recover FOR UPDATE")},
+    ), {EXPIRED_CLAIMS.replace("FOR UPDATE", PROMPT_TICK + " FOR UPDATE")},
     recovered AS ({RECOVER_EXPIRED}{SETTLED_FROM.format(source="expired")},
     released AS ({FORGOTTEN_CLAIMS.replace("WHERE status", "WHERE :release AND status")}),
     settled AS (
@@ -230,14 +237,16 @@ class NodeLeases:
     @database_errors
     def node_tick(
         self, *, worker: str, lease_seconds: float, max_attempts: int, recover: bool, release: bool,
-        known_ids: Iterable[int], claimed_before: datetime.datetime,
+        known_ids: Iterable[int], claimed_before: datetime.datetime, prompt_seconds: float,
     ) -> NodeTick:
         """Renew the lease and learn the cluster's news in one statement (NODE_TICK); ``recover`` and ``release``
-        say whether to take other nodes' expired jobs and to hand back this node's forgotten claims."""
+        say whether to take other nodes' expired jobs (only while this node's previous heartbeat is at most
+        ``prompt_seconds`` old) and to hand back this node's forgotten claims."""
         params = {
             "worker": worker, "lease_seconds": float(lease_seconds), "max_attempts": max_attempts,
             "recover": recover, "release": release, "known_ids": list(known_ids),
             "claimed_before": on_database_clock(claimed_before)[0], "channel": NOTIFY_CHANNEL,
+            "prompt_seconds": float(prompt_seconds),
         }
         try:
             with db.autocommit(self.engine) as connection:
