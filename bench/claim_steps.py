@@ -56,8 +56,8 @@ def variants(definition: str) -> dict[str, str]:
     no_limits = LIMITS_CHECK.sub("IF false THEN", definition)
     merged = LIMITS_CHECK.sub("IF p_limit > 0 AND v_limited THEN", definition).replace(
         NEXT_DUE, "v_next_due timestamptz;\n        v_limited boolean;").replace(
-        "    BEGIN\n", "    BEGIN\n        SELECT spider_job_next_due(p_projects), EXISTS (SELECT FROM spider_limit AS l "
-        "WHERE p_projects IS NULL OR l.project = ANY(p_projects)) INTO v_next_due, v_limited;\n", 1)
+        "    BEGIN\n", "    BEGIN\n        SELECT spider_job_next_due(p_projects), EXISTS (SELECT FROM spider_limit "
+        "AS l WHERE p_projects IS NULL OR l.project = ANY(p_projects)) INTO v_next_due, v_limited;\n", 1)
     return {
         "claim_v1": named("claim_v1", no_limits.replace(NEXT_DUE, "v_next_due timestamptz := NULL;")),
         "claim_v2": named("claim_v2", definition.replace(NEXT_DUE, "v_next_due timestamptz := NULL;")),

@@ -13,7 +13,6 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.statuses import PENDING
 from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, on_database_clock
 from scrapyd_pgqueue.store.cluster import CancelRequest
 
