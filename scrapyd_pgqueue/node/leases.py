@@ -3,9 +3,10 @@
 ``LeaseKeeper`` sends the node's tick every heartbeat: it renews the lease, recovers other nodes' expired leases
 (only after a whole lease of prompt heartbeats of its own: a stall is not a death), hands back forgotten claims and
 reads what the node must learn from the cluster, all in one statement (``JobStore.node_tick``); ``LeaseWatch``
-(``on_lease_lost = stop``) stops this node's crawls before its lease can expire. Used by ``PostgresLauncher``; threads, not the reactor, which may be busy for seconds (a
-launcher's work, Twisted's own). The keeper's statements go through a connection of its own, not the node's pool:
-requests, finishes and maintenance holding every pooled connection cannot delay a heartbeat.
+(``on_lease_lost = stop``) stops this node's crawls before its lease can expire. Used by ``PostgresLauncher``;
+threads, not the reactor, which may be busy for seconds (a launcher's work, Twisted's own). The keeper's statements
+go through a connection of its own, not the node's pool: requests, finishes and maintenance holding every pooled
+connection cannot delay a heartbeat.
 """
 
 from __future__ import annotations

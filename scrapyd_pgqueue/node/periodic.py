@@ -1,13 +1,14 @@
-"""Every node fires the cluster's due periodic jobs: whichever is alive fires each due time, exactly once (the
-store's compare-and-set decides between nodes; there is no leader to lose).
+"""Every node fires the cluster's due periodic jobs: whichever is alive fires each due time, exactly once (the store's
+compare-and-set decides between nodes; there is no leader to lose).
 
 A timer on the reactor, no thread of its own: it sleeps until the earliest due time (the database's clock says in
 how many seconds); a NOTIFY on ``PERIODIC_CHANNEL`` (a schedule added, changed or resumed) wakes it at once. The
 node's tick (``JobStore.node_tick``, every heartbeat) reads the next due time too and hands it to ``due_in()``: that
 is the floor under NOTIFY, and the firer sends nothing of its own until something is due. Without ticks (a poller
 under another launcher) it sleeps at most ``MAX_SLEEP``, so that schedules added while a NOTIFY was lost are seen.
-The database work runs in Twisted's thread pool, never on the reactor. No reactor import at module level: importing it installs Twisted's default
-reactor, which a process that later runs Scrapy (and installs its asyncio reactor) cannot change.
+The database work runs in Twisted's thread pool, never on the reactor. No reactor import at module level: importing
+it installs Twisted's default reactor, which a process that later runs Scrapy (and installs its asyncio reactor)
+cannot change.
 """
 
 from __future__ import annotations
