@@ -20,6 +20,7 @@ import datetime
 import functools
 import logging
 import os
+import re
 import select
 import threading
 import time
@@ -345,28 +346,48 @@ def _alembic_config():
     return config
 
 
-def _schema_revisions(connection) -> set[str]:
-    from alembic.runtime.migration import MigrationContext
+# The schema's current revisions: one cheap query, no Alembic (whose import costs a node megabytes it never uses
+# once the schema is current). A database with no version table yet raises undefined_table.
+SCHEMA_REVISIONS = f"SELECT version_num FROM {VERSION_TABLE}"
+REVISION_LINE = re.compile(r"^(revision|down_revision)\s*=\s*(.+)$", re.MULTILINE)
 
-    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    return set(context.get_current_heads())
+
+def _schema_revisions(engine: Engine) -> set[str]:
+    try:
+        return {row[0] for row in fetch_all(engine, SCHEMA_REVISIONS, {})}
+    except DBAPIError as e:
+        if getattr(e.orig, "pgcode", None) == "42P01":  # undefined_table: a new database
+            return set()
+        raise
+
+
+@functools.cache
+def newest_revisions() -> frozenset[str]:
+    """The heads of the migrations shipped with this package, read from their ``revision``/``down_revision`` lines
+    (what Alembic's ScriptDirectory computes, without importing Alembic)."""
+    revisions, parents = set(), set()
+    for path in (files("scrapyd_pgqueue") / "migrations" / "versions").iterdir():
+        if not path.name.endswith(".py"):
+            continue
+        for name, value in REVISION_LINE.findall(path.read_text()):
+            found = set(re.findall(r"[\"']([^\"']+)[\"']", value))
+            (revisions if name == "revision" else parents).update(found)
+    return frozenset(revisions - parents)
 
 
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest version; safe when many nodes start at the same instant.
 
-    A current schema is only read: no lock and no DDL, so nodes may use a role without the right to change
-    the schema once ``scrapyd-pgqueue migrate`` has run as its owner.
+    A current schema is only read (one query; Alembic is imported only when there is something to migrate): no
+    lock and no DDL, so nodes may use a role without the right to change the schema once ``scrapyd-pgqueue
+    migrate`` has run as its owner.
     """
+    current = _schema_revisions(engine)
+    if current == newest_revisions():
+        return
     from alembic import command
-    from alembic.script import ScriptDirectory
 
     config = _alembic_config()
-    newest = set(ScriptDirectory.from_config(config).get_heads())
-    with autocommit(engine) as connection:
-        current = _schema_revisions(connection)
-    if current == newest:
-        return
     # One transaction holding a transaction-level lock (PgBouncer keeps it, unlike a session lock): the other
     # nodes wait for it, then find the schema current and do nothing.
     with transaction(engine) as connection:
@@ -379,6 +400,6 @@ def migrate(engine: Engine) -> None:
                 raise
             raise DatabaseError(
                 f"database at {describe(engine.url)}: the schema is at revision {sorted(current) or 'none'}, "
-                f"this version of scrapyd_pgqueue needs {sorted(newest)}, and this database role may not "
+                f"this version of scrapyd_pgqueue needs {sorted(newest_revisions())}, and this database role may not "
                 "change it: run `scrapyd-pgqueue migrate` once as the schema's owner"
             ) from None

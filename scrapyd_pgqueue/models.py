@@ -23,15 +23,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-# A delayed job waits for its run_at (_run_at, _delay, a retry's backoff); the API shows it as pending.
-DELAYED, PENDING, ONGOING, TERMINATED = "delayed", "pending", "ongoing", "terminated"
-STATUSES = (DELAYED, PENDING, ONGOING, TERMINATED)
-
-# How a terminated job ended. "lost": recovery gave up after max_attempts claims by nodes that died;
-# "interrupted": its node stopped (SIGTERM) before the crawl ended; "cancelled": cancel.json; "dead": it failed
-# once more than its _retries allowed (requeue --dead sends it back).
-FINISHED, FAILED, CANCELLED, LOST, INTERRUPTED, DEAD = "finished", "failed", "cancelled", "lost", "interrupted", "dead"
-OUTCOMES = (FINISHED, FAILED, CANCELLED, LOST, INTERRUPTED, DEAD)
+from scrapyd_pgqueue.statuses import (  # noqa: F401 - the models' names for them
+    CANCELLED, DEAD, DELAYED, FAILED, FINISHED, INTERRUPTED, LOST, ONGOING, OUTCOMES, PENDING, STATUSES, TERMINATED,
+)
 
 
 class Base(DeclarativeBase):

@@ -75,6 +75,12 @@ def newest_schema_version():
     return ScriptDirectory.from_config(db._alembic_config()).get_current_head()
 
 
+def test_newest_revisions_read_without_alembic_are_alembics_heads():
+    from alembic.script import ScriptDirectory
+
+    assert db.newest_revisions() == set(ScriptDirectory.from_config(db._alembic_config()).get_heads())
+
+
 def test_missing_url_names_the_option_and_the_variable(monkeypatch):
     monkeypatch.delenv("SCRAPYD_DATABASE_URL", raising=False)
     with pytest.raises(ConfigurationError, match="database_url.*SCRAPYD_DATABASE_URL"):

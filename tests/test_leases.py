@@ -47,7 +47,15 @@ def enqueue(store, *jobs, project="p"):
 
 
 def recover(store, worker="w-live", lease=30, max_attempts=3):
-    return store.recover_expired_leases(worker=worker, lease_seconds=lease, max_attempts=max_attempts)
+    """The node tick of ``worker`` with lease recovery (and nothing else to hand back): what it recovered."""
+    return store.node_tick(worker=worker, lease_seconds=lease, max_attempts=max_attempts, recover=True,
+                           release=False, known_ids=[], claimed_before=NOW(), prompt_seconds=60).recovered
+
+
+def tick(store, worker="w-live", recover=False, release=False, known_ids=()):
+    return store.node_tick(worker=worker, lease_seconds=30, max_attempts=3, recover=recover, release=release,
+                           known_ids=known_ids, claimed_before=NOW() - datetime.timedelta(minutes=1),
+                           prompt_seconds=60)
 
 
 def finish(store, claimed, worker):
@@ -186,10 +194,10 @@ def test_recovery_is_one_statement_that_reads_the_running_jobs_index(store, admi
     with admin_connection.cursor() as cursor:
         cursor.execute("ANALYZE spider_job")
         cursor.execute("ANALYZE scrapyd_node")
-    params = {"worker": "w2", "lease_seconds": 30.0, "max_attempts": 3, "now": NOW(),
-              "channel": store_module.NOTIFY_CHANNEL}
+    params = {"worker": "w2", "lease_seconds": 30.0, "max_attempts": 3, "recover": True, "release": False,
+              "known_ids": [], "claimed_before": NOW(), "channel": store_module.NOTIFY_CHANNEL, "prompt_seconds": 60.0}
     with store.engine.connect() as connection:
-        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.RECOVER_EXPIRED_LEASES.text), params).scalars())
+        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.NODE_TICK_QUERY), params).scalars())
     assert "spider_job_ongoing_worker_idx" in plan, plan
 
 
@@ -219,14 +227,45 @@ def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection)
     with admin_connection.cursor() as cursor:
         cursor.execute("UPDATE spider_job SET start_time = start_time - interval '5 minutes' WHERE job <> 'just-claimed'")
 
-    released = store.release_forgotten_claims(
-        worker="w1", known_ids=[claims["known"].id], claimed_before=NOW() - datetime.timedelta(minutes=1)
-    )
+    released = tick(store, worker="w1", release=True, known_ids=[claims["known"].id]).released
 
     assert [job.job for job in released] == ["lost-reply"]
     assert {job: row[0] for job, row in rows(admin_connection).items()} == {
         "known": "ongoing", "lost-reply": "pending", "just-claimed": "ongoing",
     }
+
+
+def test_one_tick_renews_the_lease_recovers_releases_and_reads_cancels_eggs_and_periodic(store, admin_connection):
+    from scrapyd_pgqueue.store import EggStore, PeriodicJob, ScheduleStore, Timing
+
+    register(store, "w1", "w-live")
+    enqueue(store, "dead-node", "forgotten", "known", "cancelled")
+    store.claim_next_jobs(None, 1, node="node-w1", worker="w1")
+    mine = {job.job: job for job in store.claim_next_jobs(None, 3, node="node-w-live", worker="w-live")}
+    silence(admin_connection, "w1")
+    silence(admin_connection, "w-live")
+    with admin_connection.cursor() as cursor:
+        cursor.execute("UPDATE spider_job SET start_time = start_time - interval '5 minutes' WHERE worker = 'w-live'")
+    AllJobsStore.for_engine(store.engine).cancel_job("p", "cancelled", "TERM")
+    EggStore.for_engine(store.engine).put_egg("p", "r1", b"egg")
+    ScheduleStore.for_engine(store.engine).add_periodic(PeriodicJob("hourly", "p", "s", Timing(every_seconds=3600)))
+
+    quiet = tick(store, known_ids=[mine["known"].id, mine["cancelled"].id])  # neither flag: reads, renews
+    assert quiet.registered and quiet.recovered == [] and quiet.released == []
+    assert [(request.job, request.signal) for request in quiet.cancels] == [("cancelled", "TERM")]
+    assert quiet.eggs == {"p": (1, quiet.eggs["p"][1])}
+    assert 3500 < quiet.periodic_due_in <= 3600
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT now() - heartbeat_time < interval '5 seconds' FROM scrapyd_node WHERE id = 'w-live'")
+        assert cursor.fetchall() == [(True,)]
+
+    full = tick(store, recover=True, release=True, known_ids=[mine["known"].id, mine["cancelled"].id])
+    assert [(job.job, job.status) for job in full.recovered] == [("dead-node", "pending")]
+    assert [(job.job, job.status) for job in full.released] == [("forgotten", "pending")]
+    assert {job: row[0] for job, row in rows(admin_connection).items()} == {
+        "dead-node": "pending", "forgotten": "pending", "known": "ongoing", "cancelled": "ongoing",
+    }
+    assert not tick(store, worker="w-gone").registered  # no node row: the caller registers again
 
 
 # --- real nodes ---------------------------------------------------------------------------------------------

@@ -94,6 +94,9 @@ def test_the_firer_sleeps_until_the_next_due_time_within_its_bounds():
     assert firer.sleep_for(3600) == firer.sleep_for(None) == MAX_SLEEP  # new schedules are seen, NOTIFY or not
     firer.listener.poll_only.set()  # behind PgBouncer, no NOTIFY: look for new schedules every poll_interval
     assert firer.sleep_for(3600) == 5.0
+    firer.ticked = True  # the node's tick reads the next due time every heartbeat: no floor timer of its own
+    assert firer.sleep_for(3600) == 3600 and firer.sleep_for(-2) == MIN_SLEEP
+    assert firer.sleep_for(None) is None  # nothing scheduled: no timer, the tick says when something is
 
 
 # --- the store on a real Postgres --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from bench.suites import bulk, churn, crawlstart, delayed, depth, idle, scale, throughput, wakeup, warmstart
+from bench.suites import bulk, churn, crawlstart, delayed, depth, idle, idlenode, scale, throughput, wakeup, warmstart
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ SUITES = [
     Suite("delayed", delayed),
     Suite("wakeup", wakeup),
     Suite("idle", idle),
+    Suite("idlenode", idlenode),
     Suite("crawlstart", crawlstart),
     Suite("warmstart", warmstart),
     Suite("bulk", bulk),

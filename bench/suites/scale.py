@@ -37,9 +37,9 @@ front of it. Everything is removed at the end, whatever happens.
    simulated node has its own engine (``scrapyd_pgqueue.db.get_engine``, pool of 2, no overflow, its two
    connections opened at start as a busy node's pool ends up) on a URL of its own (``?application_name=sim-<n>``,
    so PgBouncer sees one client per connection, named), and does what ``PostgresLauncher`` and
-   ``PostgresPoller`` do: ``register_node``; every ``heartbeat_interval`` (5 s) ``heartbeat`` (and, once healthy
-   for ``lease_seconds``, ``recover_expired_leases``, as ``LeaseKeeper``) and the launcher's upkeep
-   (``requested_cancels``, ``egg_catalogue``, ``release_forgotten_claims``); every ``poll_interval`` (1 s), when
+   ``PostgresPoller`` do: ``register_node``; every ``heartbeat_interval`` (5 s) the node's tick, ``node_tick``
+   (heartbeat, and once healthy for ``lease_seconds`` lease recovery, hand-back of forgotten claims, cancel
+   requests, egg catalogue, next periodic due time: one statement, as ``LeaseKeeper``); every ``poll_interval`` (1 s), when
    it has a free slot of its 2, ``claim_next_jobs(["example"], free, node=..., worker=...)``; for each claimed
    job ``mark_started``, a hold of HOLD_SECONDS (the "crawl"), then ``finish_job(..., claimed=..., worker=...)``
    and ``prune_terminated(100)`` (``PostgresJobStorage.add``), and a claim at once for the freed slot (as the
@@ -1289,7 +1289,7 @@ class SimNode:
 
     def __init__(self, number: int, simulation: Simulation):
         from scrapyd_pgqueue import db
-        from scrapyd_pgqueue.store import AllJobsStore, EggStore, JobStore
+        from scrapyd_pgqueue.store import JobStore
 
         parameters = simulation.parameters
         self.simulation, self.timer, self.stats = simulation, simulation.timer, simulation.stats
@@ -1298,7 +1298,7 @@ class SimNode:
         self.engine = db.get_engine(f"{simulation.url}?application_name={self.name}",
                                     pool_size=parameters["pool_size"], migrate_schema=False,
                                     application_name=db.application_name(self.name))
-        self.store, self.cluster, self.eggs = JobStore(self.engine), AllJobsStore(self.engine), EggStore(self.engine)
+        self.store = JobStore(self.engine)
         self.poll_interval = parameters["poll_interval"]
         self.heartbeat_interval = parameters["heartbeat_interval"]
         self.lease_seconds = parameters["lease_seconds"]
@@ -1331,7 +1331,6 @@ class SimNode:
         now = time.monotonic()
         self.timer.at(now + chooser.uniform(0, self.poll_interval), self.tick)
         self.timer.at(now + chooser.uniform(0, self.heartbeat_interval), self.beat)
-        self.timer.at(now + chooser.uniform(0, self.heartbeat_interval), self.upkeep)
 
     @staticmethod
     def _next(due: float, interval: float) -> float:
@@ -1361,39 +1360,32 @@ class SimNode:
                 if elapsed >= SLOW_MS:
                     self.stats.slow[kind] += 1
 
-    # LeaseKeeper: heartbeat every heartbeat_interval (bounded by it), recovery once healthy for a lease.
+    # LeaseKeeper: the node's tick every heartbeat_interval (bounded by it), recovery once healthy for a lease.
     def beat(self, due: float) -> None:
         from scrapyd_pgqueue import db
 
         if self.stopping:
             return
         self.timer.at(self._next(due, self.heartbeat_interval), self.beat)
+        healthy = self.healthy_since is not None
+        with self.lock:
+            known = list(self.running)
         with db.deadline(self.heartbeat_interval):
-            alive = self._timed("heartbeat", self.store.heartbeat, self.worker)
-            if alive is None:
+            tick = self._timed(
+                "heartbeat", self.store.node_tick, worker=self.worker, lease_seconds=self.lease_seconds,
+                max_attempts=self.max_attempts, known_ids=known, release=healthy,
+                recover=healthy and time.monotonic() - self.healthy_since >= self.lease_seconds,
+                claimed_before=datetime.datetime.now() - datetime.timedelta(seconds=60),
+                prompt_seconds=2 * self.heartbeat_interval,
+            )
+            if tick is None:
                 self.healthy_since = None
                 return
-            if alive is False:
+            if not tick.registered:
                 self._timed("register_node", self.store.register_node, worker=self.worker, name=self.name,
                             url=None, max_proc=self.max_proc)
             if self.healthy_since is None:
                 self.healthy_since = time.monotonic()
-            if time.monotonic() - self.healthy_since >= self.lease_seconds:
-                self._timed("recover_expired_leases", self.store.recover_expired_leases, worker=self.worker,
-                            lease_seconds=self.lease_seconds, max_attempts=self.max_attempts)
-
-    # PostgresLauncher.keep_up: cancel requests and egg catalogue (events.check), then forgotten claims.
-    def upkeep(self, due: float) -> None:
-        if self.stopping:
-            return
-        self.timer.at(self._next(due, self.heartbeat_interval), self.upkeep)
-        self._timed("requested_cancels", self.cluster.requested_cancels, self.worker)
-        self._timed("egg_catalogue", self.eggs.egg_catalogue)
-        if self.healthy_since is not None:
-            with self.lock:
-                known = list(self.running)
-            self._timed("release_forgotten_claims", self.store.release_forgotten_claims, worker=self.worker,
-                        known_ids=known, claimed_before=datetime.datetime.now() - datetime.timedelta(seconds=60))
 
     # The poller's TimerService: a tick every poll_interval, fixed rate.
     def tick(self, due: float) -> None:
@@ -1541,7 +1533,7 @@ def _notes(series: dict, sizes: Sizes) -> list[str]:
         notes.append(f"simulated: the feeder's enqueue failed {feeder['errors']} time(s): {feeder['first_error']}")
     if not sizes.wait_for_lease:
         notes.append("quick: the idle window starts before the nodes have been up for a lease (30 s), so it misses "
-                     "recover_expired_leases, which a node sends every heartbeat once healthy for a lease")
+                     "lease recovery, which a node's tick includes once healthy for a lease")
     return notes
 
 
@@ -1665,8 +1657,8 @@ def format_table(result: dict) -> str:
         f"threads, at most {sizes['in_flight']} in flight; latencies from the schedule.json response, signed",
         report.format_rows(["figure", "poll-only", "listeners direct"], rows),
         "",
-        f"simulated nodes: the package's store calls of a node (register, heartbeat + lease recovery every "
-        f"{parameters['heartbeat_interval']:g} s, upkeep every {parameters['heartbeat_interval']:g} s, a claim tick every "
+        f"simulated nodes: the package's store calls of a node (register, node tick (heartbeat, lease recovery, "
+        f"cancels, eggs, periodic) every {parameters['heartbeat_interval']:g} s, a claim tick every "
         f"{parameters['sim_poll_interval']:g} s with a free slot of {parameters['max_proc']}, mark_started, a "
         f"{parameters['sim_hold_seconds']:g} s hold, finish_job + prune_terminated), one engine (pool "
         f"{parameters['database_pool_size']}, both connections open) per node, through PgBouncer (pool "

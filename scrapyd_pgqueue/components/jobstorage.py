@@ -21,7 +21,7 @@ from scrapyd.exceptions import DirectoryTraversalError
 from scrapyd.interfaces import IJobStorage
 from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.models import FINISHED
+from scrapyd_pgqueue.statuses import FINISHED
 from scrapyd_pgqueue.store import AllJobsStore, JobStore, QueueMaintenance, local_time
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 

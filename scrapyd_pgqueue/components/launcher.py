@@ -7,9 +7,10 @@ is away. Whatever fails, the slot asks the poller for its next job.
 
 Leases (``node/leases.py``): a thread renews this process's lease on its jobs every heartbeat and recovers the jobs of
 other processes whose lease expired, only once this node's own heartbeats have been prompt without a break for a
-whole lease; with ``on_lease_lost = stop`` another stops this node's crawls before its lease can expire. The
-reactor's upkeep hands back claims this node has no crawl for (a claim whose reply was lost with its
-connection), and the jobs of crawls stopped for a lost lease.
+whole lease; with ``on_lease_lost = stop`` another stops this node's crawls before its lease can expire. That
+thread's tick (one statement a heartbeat) also hands back claims this node has no crawl for (a claim whose reply
+was lost with its connection) and reads the cancel requests, egg catalogue and next periodic due time, which
+``learn`` acts on; the reactor's upkeep hands back the jobs of crawls stopped for a lost lease.
 
 Graceful stop (SIGTERM): stop claiming, let running crawls go on for up to ``stop_timeout`` seconds, record
 the ones that end, then kill what still runs and hand it back to the queue (the attempt stays counted; once
@@ -33,7 +34,7 @@ from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
-from scrapyd_pgqueue.models import CANCELLED, FAILED, FINISHED, PENDING
+from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
@@ -43,9 +44,6 @@ from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
 
-# A claim this old that the node runs no crawl for was lost on its way back (the connection died after the commit):
-# far longer than a claim can take (connect and statement timeouts), so a claim still on its way is never taken.
-FORGOTTEN_CLAIM_AGE = datetime.timedelta(seconds=60)
 # Seconds a stopping node waits for killed crawls to end, and for buffered finishes to be written.
 KILL_WAIT = 5.0
 FLUSH_BEFORE_EXIT_WAIT = 5.0
@@ -193,25 +191,30 @@ class PostgresLauncher(Launcher):
             log.error("Could not register this node: {error}", error=e)
 
     def keep_up(self):
-        """Retry finishes not written yet, then hand back claims this node runs nothing for (off the reactor)."""
+        """Retry finishes not written yet, and hand back the jobs of crawls stopped for a lost lease (each sends
+        nothing when there is none: an idle node's one statement per heartbeat is the lease thread's tick)."""
         self._flush_unrecorded()
         if self.warm is not None:
             self.warm.retire_idle()
-        self.events.check()  # cancel requests and egg changes whose NOTIFY this node missed
         if self.stopping or self.lease.healthy_since is None:
-            return None  # a stopping node hands its claims back itself; a database that is away is left alone
+            return  # a stopping node hands its claims back itself; a database that is away is left alone
         self._hand_back_lease_lost_claims()
-        running = [*self.processes.values(), *self.unrecorded]
+
+    def known_claim_ids(self) -> set[int]:
+        """Any thread: the jobs this node runs or is about to run (copies: the reactor changes the originals)."""
+        running = [*self.processes.copy().values(), *list(self.unrecorded)]
         known_ids = {process.claimed.id for process in running if process.claimed is not None}
-        known_ids.update(claimed.id for claimed in getattr(self.poller, "claims", {}).values())
-        return (
-            threads.deferToThread(
-                self.store.release_forgotten_claims, worker=pgconfig.WORKER_ID, known_ids=known_ids,
-                claimed_before=datetime.datetime.now() - FORGOTTEN_CLAIM_AGE,
-            )
-            .addCallback(self._log_released, "was claimed by this node but its claim's reply was lost")
-            .addErrback(lambda failure: log.error("Could not look for lost claims: {e}", e=failure.getErrorMessage()))
-        )
+        known_ids.update(claimed.id for claimed in getattr(self.poller, "claims", {}).copy().values())
+        return known_ids
+
+    def learn(self, tick):
+        """Reactor thread: act on what the lease thread's tick learned (``JobStore.node_tick``)."""
+        self._log_released(tick.recovered, "was recovered from a node whose lease expired")
+        self._log_released(tick.released, "was claimed by this node but its claim's reply was lost")
+        self.events.learn(tick.cancels, tick.eggs)
+        periodic = getattr(self.poller, "periodic", None)
+        if periodic is not None:
+            periodic.due_in(tick.periodic_due_in)
 
     def _hand_back_lease_lost_claims(self):
         """The jobs whose crawls lease_watch stopped go back to the queue (unless another node took them over)."""

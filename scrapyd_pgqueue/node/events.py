@@ -2,7 +2,8 @@
 
 Another node's cancel.json reaches the node running the job; an egg deployed through another node becomes known
 here without a restart. The node's one listener (``node/notifications.py``, shared with the poller) hears both;
-NOTIFY is only a hint, so the launcher's heartbeat calls ``check()`` to read the same state as the floor.
+NOTIFY is only a hint, so the node's tick (``JobStore.node_tick``, every heartbeat) reads the same state as the
+floor and hands it to ``learn()``; ``check()`` reads it after the listener reconnects.
 Used by ``PostgresLauncher``; runs on the reactor thread except where noted.
 """
 
@@ -41,7 +42,7 @@ class ClusterEvents:
         else:
             self.prune_egg_cache()  # files of eggs deleted while this node was down
         if not self.settings.listen_notify:
-            return  # the heartbeat's check() alone
+            return  # the tick's learn() alone
         listener = notifications.listener_for(self.settings)
         listener.subscribe(CANCEL_CHANNEL, self._cancel_requested, on_reconnect=lambda: reactor.callFromThread(self.check))
         listener.subscribe(PROJECTS_CHANNEL, lambda project: reactor.callFromThread(self.refresh_projects, [project]))
@@ -52,8 +53,16 @@ class ClusterEvents:
         if request.worker == pgconfig.WORKER_ID:
             reactor.callFromThread(self.deliver_cancels, [request])
 
+    def learn(self, cancels, eggs):
+        """Reactor thread: the cancel requests and egg catalogue the node's tick read (the floor under NOTIFY);
+        ``eggs`` None: not read this time."""
+        if eggs is None:
+            self.deliver_cancels(cancels)
+        else:
+            self._apply_state((cancels, eggs))
+
     def check(self):
-        """The floor under NOTIFY (every heartbeat, and after the listener reconnects)."""
+        """Read what the tick reads, now (after the listener reconnects, when NOTIFYs may have been lost)."""
         return (
             threads.deferToThread(self._read_state)
             .addCallback(self._apply_state)

@@ -1,14 +1,17 @@
 """A node's lease on the jobs it runs: renewed by a thread of its own, and what happens when it cannot be.
 
-``LeaseKeeper`` heartbeats and recovers other nodes' expired leases (only after a whole lease of prompt heartbeats
-of its own: a stall is not a death); ``LeaseWatch`` (``on_lease_lost = stop``) stops this node's crawls before its
-lease can expire. Used by ``PostgresLauncher``; threads, not the reactor, which may be busy for seconds (a
-launcher's work, Twisted's own). The keeper's statements go through a connection of its own, not the node's pool:
-requests, finishes and maintenance holding every pooled connection cannot delay a heartbeat.
+``LeaseKeeper`` sends the node's tick every heartbeat: it renews the lease, recovers other nodes' expired leases
+(only after a whole lease of prompt heartbeats of its own: a stall is not a death), hands back forgotten claims and
+reads what the node must learn from the cluster, all in one statement (``JobStore.node_tick``); ``LeaseWatch``
+(``on_lease_lost = stop``) stops this node's crawls before its lease can expire. Used by ``PostgresLauncher``;
+threads, not the reactor, which may be busy for seconds (a launcher's work, Twisted's own). The keeper's statements
+go through a connection of its own, not the node's pool: requests, finishes and maintenance holding every pooled
+connection cannot delay a heartbeat.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import threading
@@ -23,6 +26,13 @@ from scrapyd_pgqueue.store import JobStore
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
+
+# A claim this old that the node runs no crawl for was lost on its way back (the connection died after the commit):
+# far longer than a claim can take (connect and statement timeouts), so a claim still on its way is never taken.
+FORGOTTEN_CLAIM_AGE = datetime.timedelta(seconds=60)
+# A tick recovers other nodes' leases only when this node's previous heartbeat is at most this many heartbeat
+# intervals old on the database's clock: one sent before a stall and run after it recovers nothing.
+PROMPT_HEARTBEATS = 2
 
 
 class LeaseKeeper(threading.Thread):
@@ -73,13 +83,24 @@ class LeaseKeeper(threading.Thread):
             self.stopping.wait(max(0.0, interval - (time.monotonic() - started)))
 
     def beat(self, started: float) -> None:
+        """One tick (``JobStore.node_tick``): renew the lease, recover expired ones when this node has been healthy
+        for a whole lease, hand back forgotten claims, and hand what it learned to the reactor."""
         launcher, settings = self.launcher, self.settings
-        if not self.store.heartbeat(pgconfig.WORKER_ID):
+        healthy = self.healthy_since is not None and not launcher.stopping
+        tick = self.store.node_tick(
+            worker=pgconfig.WORKER_ID, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
+            recover=healthy and started - self.healthy_since >= settings.lease_seconds,
+            release=healthy, known_ids=launcher.known_claim_ids(),
+            claimed_before=datetime.datetime.now() - FORGOTTEN_CLAIM_AGE,
+            prompt_seconds=PROMPT_HEARTBEATS * settings.heartbeat_interval,
+        )
+        if not tick.registered:
             self.store.register_node(
                 worker=pgconfig.WORKER_ID, name=settings.node_name, url=launcher.url, max_proc=launcher.max_proc
             )
         now = time.monotonic()
         self.renewed_at = started
+        reactor.callFromThread(launcher.learn, tick)
         if now - started > settings.heartbeat_interval:  # not prompt: the database stalled
             self.healthy_since = None
             return
@@ -87,15 +108,6 @@ class LeaseKeeper(threading.Thread):
             self.healthy_since = started
             self.trouble.clear("heartbeat")
             self.report_jobs_taken_over()
-        if launcher.stopping or now - self.healthy_since < settings.lease_seconds:
-            return
-        recovered = self.store.recover_expired_leases(
-            worker=pgconfig.WORKER_ID, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts
-        )
-        if recovered:
-            reactor.callFromThread(launcher._log_released, recovered, "was recovered from a node whose lease expired")
-
-
 
     def report_jobs_taken_over(self) -> None:
         """After a break: say, once per job, which of this node's crawls another node took over meanwhile."""

@@ -1,11 +1,14 @@
-"""Every node fires the cluster's due periodic jobs: whichever is alive fires each due time, exactly once (the
-store's compare-and-set decides between nodes; there is no leader to lose).
+"""Every node fires the cluster's due periodic jobs: whichever is alive fires each due time, exactly once (the store's
+compare-and-set decides between nodes; there is no leader to lose).
 
 A timer on the reactor, no thread of its own: it sleeps until the earliest due time (the database's clock says in
-how many seconds), at most ``MAX_SLEEP`` so that schedules added while a NOTIFY was lost are seen; a NOTIFY on
-``PERIODIC_CHANNEL`` (a schedule added, changed or resumed) wakes it at once. The database work runs in Twisted's
-thread pool, never on the reactor. No reactor import at module level: importing it installs Twisted's default
-reactor, which a process that later runs Scrapy (and installs its asyncio reactor) cannot change.
+how many seconds); a NOTIFY on ``PERIODIC_CHANNEL`` (a schedule added, changed or resumed) wakes it at once. The
+node's tick (``JobStore.node_tick``, every heartbeat) reads the next due time too and hands it to ``due_in()``: that
+is the floor under NOTIFY, and the firer sends nothing of its own until something is due. Without ticks (a poller
+under another launcher) it sleeps at most ``MAX_SLEEP``, so that schedules added while a NOTIFY was lost are seen.
+The database work runs in Twisted's thread pool, never on the reactor. No reactor import at module level: importing
+it installs Twisted's default reactor, which a process that later runs Scrapy (and installs its asyncio reactor)
+cannot change.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ ERROR_RETRY = 5.0  # seconds before trying again after a database error
 
 class PeriodicFirer:
     """Fires due periodic jobs from this node: ``start()`` once the reactor runs, ``stop()`` at shutdown."""
+
+    ticked = False  # the node's tick tells it when the next job is due (due_in): no floor timer of its own
 
     def __init__(self, settings):
         self.settings = settings
@@ -57,6 +62,21 @@ class PeriodicFirer:
 
         reactor.callFromThread(self.wake)
 
+    def due_in(self, seconds: float | None) -> None:
+        """Reactor thread: the node's tick read when the next periodic job is due; wake then, unless a timer or a
+        pass comes sooner."""
+        from twisted.internet import reactor
+
+        self.ticked = True
+        if seconds is None or not self.running or self.firing:
+            return
+        seconds = max(seconds, 0.0)
+        if self.timer is not None and self.timer.active():
+            if self.timer.getTime() <= reactor.seconds() + seconds:
+                return
+            self.timer.cancel()
+        self.timer = reactor.callLater(seconds, self.wake)
+
     def wake(self) -> None:
         """Fire what is due now, then sleep until the next due time."""
         if not self.running:
@@ -85,11 +105,14 @@ class PeriodicFirer:
             delay = self.sleep_for(result.next_due_in)
         if self.fire_again:
             self.fire_again, delay = False, 0.0
-        if self.running:
+        if self.running and delay is not None:
             self.timer = reactor.callLater(delay, self.wake)
 
-    def sleep_for(self, next_due_in: float | None) -> float:
-        """Seconds until the next pass: the next due time, within [MIN_SLEEP, the cap]."""
+    def sleep_for(self, next_due_in: float | None) -> float | None:
+        """Seconds until the next pass: the next due time, within [MIN_SLEEP, the cap]; told by the node's ticks,
+        no cap (None: no timer, nothing is due)."""
+        if self.ticked:
+            return None if next_due_in is None else max(next_due_in, MIN_SLEEP)
         cap = MAX_SLEEP
         if self.listener is None or self.listener.poll_only.is_set():
             cap = min(MAX_SLEEP, self.settings.poll_interval)  # no NOTIFY: new schedules are seen by polling only

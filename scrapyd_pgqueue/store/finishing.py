@@ -9,7 +9,7 @@ import datetime
 from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.models import FINISHED
+from scrapyd_pgqueue.statuses import FINISHED
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,
     ClaimedJob,

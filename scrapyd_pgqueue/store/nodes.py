@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.models import PENDING
 from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, on_database_clock
+from scrapyd_pgqueue.store.cluster import CancelRequest
 
 
 @dataclass(frozen=True)
@@ -45,28 +46,29 @@ HEARTBEAT = text("""
 # Mark this process stopped (graceful shutdown).
 STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
 
-# The end of the two statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
+# The end of the statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
 # row has an outcome ends now and keeps its pid for the record; the rest go back to the queue. Returns every
 # settled job, and wakes idle nodes (one NOTIFY per job sent back to pending).
-ENDED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() END,
+SETTLED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() END,
             pid = CASE WHEN {source}.outcome IS NOT NULL THEN j.pid END
         FROM {source}
         WHERE j.id = {source}.id
         RETURNING j.id, j.project, j.job, j.status
-    )
+    )"""
+ENDED_FROM = SETTLED_FROM + """
     SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
     FROM {settled}"""
 
-# Recover the jobs of every other process whose lease expired (no heartbeat for :lease_seconds, database clock) or
-# that stopped. A job lost with its node failed: with _retries it waits out its backoff as 'delayed' (failure
-# counted), or ends 'dead' once they are used up; without, it goes back to pending at once (the claim stays counted
-# in attempts) and ends 'lost' once :max_attempts claims are used up. A cancel request ends it as 'cancelled' (a
-# cancelled job never runs again). Pending ones wake idle nodes. Reads spider_job_ongoing_worker_idx (running jobs
-# only, by owner) joined to the small node table, never the waiting or finished rows. Locks owner and job rows,
-# skipping locked ones: a heartbeat or a finish being written at this instant wins, and two nodes recovering at once
-# share the work.
-RECOVER_EXPIRED_LEASES = text(f"""
-    WITH expired AS (
+# Lease recovery, a step of the node's tick (NODE_TICK): the jobs of every other process whose lease expired (no
+# heartbeat for :lease_seconds, database clock) or that stopped. A job lost with its node failed: with _retries it
+# waits out its backoff as 'delayed' (failure counted), or ends 'dead' once they are used up; without, it goes back
+# to pending at once (the claim stays counted in attempts) and ends 'lost' once :max_attempts claims are used up. A
+# cancel request ends it as 'cancelled' (a cancelled job never runs again). Pending ones wake idle nodes. Reads
+# spider_job_ongoing_worker_idx (running jobs only, by owner) joined to the small node table, never the waiting or
+# finished rows. Locks owner and job rows, skipping locked ones: a heartbeat or a finish being written at this
+# instant wins, and two nodes recovering at once share the work. Two parts: the expired claims, then their settling.
+EXPIRED_CLAIMS = """
+    expired AS (
         SELECT j.id, n.name,
                CASE WHEN j.cancel_requested THEN 'cancelled'
                     WHEN j.retries > 0 AND j.failures >= j.retries THEN 'dead'
@@ -75,7 +77,8 @@ RECOVER_EXPIRED_LEASES = text(f"""
         WHERE j.status = 'ongoing' AND j.worker <> :worker
           AND (n.heartbeat_time < now() - make_interval(secs => :lease_seconds) OR n.stopped_time IS NOT NULL)
         FOR UPDATE OF j, n SKIP LOCKED
-    ), recovered AS (
+    )"""
+RECOVER_EXPIRED = f"""
         UPDATE spider_job AS j
         SET status = CASE WHEN expired.outcome IS NOT NULL THEN 'terminated'
                           WHEN j.retries > 0 THEN 'delayed' ELSE 'pending' END,
@@ -88,8 +91,7 @@ RECOVER_EXPIRED_LEASES = text(f"""
             reason = CASE WHEN expired.outcome IS NOT NULL OR j.retries > 0 THEN format(
                 'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
             ) END,
-            {ENDED_FROM.format(source="expired", settled="recovered")}
-""")
+            """
 
 # Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
 # terminate them, as 'cancelled' when cancel.json asked for it, or as 'interrupted' once :max_attempts claims are
@@ -127,17 +129,68 @@ CLAIMS_TAKEN_OVER = text("""
 # connection (a database restart or a killed session). Only claims made before claimed_before (on the database's
 # clock: base.on_database_clock), so that a claim whose reply is still on its way is never taken.
 # Reads spider_job_ongoing_worker_idx.
-RELEASE_FORGOTTEN_CLAIMS = text(f"""
-    WITH released AS (
+FORGOTTEN_CLAIMS = f"""
         UPDATE spider_job SET status = 'pending', unique_key = {KEY_UNLESS_TAKEN.format(row="spider_job")}
         WHERE status = 'ongoing' AND worker = :worker AND NOT (id = ANY(:known_ids))
           AND start_time < :claimed_before
-        RETURNING id, project, job
+        RETURNING id, project, job, status"""
+# A node's tick: everything an idle node sends and learns each heartbeat, in one statement (one round trip, one
+# transaction) on its lease connection. Renews its lease (NULL clock: the node row is gone, register again);
+# when :recover, recovers other nodes' expired leases (EXPIRED_CLAIMS); when :release, hands back its forgotten
+# claims (FORGOTTEN_CLAIMS); pending ones wake idle nodes. Reads what the node acts on: the cancel requests for its
+# crawls (a floor under NOTIFY), the egg catalogue (EGG_CATALOGUE's figures: which projects changed) and in how
+# many seconds the next periodic job is due (NEXT_FIRE_IN). Recovery and release touch disjoint rows (other
+# workers' jobs, this worker's), and a false flag costs nothing: the values are in the query string, so the
+# planner drops that step. Its lock_timeout is short: a lock held on spider_job (or another table it reads) must
+# not hold up the lease, so past it the tick gives way to HEARTBEAT alone (see node_tick).
+TICK_LOCK_TIMEOUT_MS = 250
+# Recovery runs only in a prompt tick: this node's previous heartbeat (the row as the statement's snapshot sees it,
+# before its own update) is at most :prompt_seconds old. A tick held up in a stalled server (sent before the stall,
+# run after it, when every node's heartbeat is old) recovers nothing: a stall is not a death.
+PROMPT_TICK = """AND :recover AND EXISTS (
+            SELECT FROM scrapyd_node AS me
+            WHERE me.id = :worker AND me.heartbeat_time > now() - make_interval(secs => :prompt_seconds)
+        )"""
+NODE_TICK_QUERY = f"""
+    WITH beat AS (
+        UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
+        RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
+    ), {EXPIRED_CLAIMS.replace("FOR UPDATE", PROMPT_TICK + " FOR UPDATE")},
+    recovered AS ({RECOVER_EXPIRED}{SETTLED_FROM.format(source="expired")},
+    released AS ({FORGOTTEN_CLAIMS.replace("WHERE status", "WHERE :release AND status")}),
+    settled AS (
+        SELECT id, project, job, status, true AS recovered FROM recovered
+        UNION ALL SELECT id, project, job, status, false FROM released
     )
-    SELECT id, project, job, pg_notify(:channel, project) AS notified FROM released
-""")
+    SELECT (SELECT database_clock FROM beat) AS database_clock,
+           (SELECT json_agg(json_build_array(id, project, job, status, recovered)) FROM settled) AS settled,
+           (SELECT count(*) FROM settled WHERE status = 'pending' AND pg_notify(:channel, project) IS NULL) AS notified,
+           (SELECT json_agg(json_build_array(id, project, job, worker, cancel_requests, cancel_signal))
+            FROM spider_job WHERE status = 'ongoing' AND worker = :worker AND cancel_requests > 0) AS cancels,
+           (SELECT json_object_agg(project, json_build_array(eggs, newest)) FROM (
+                SELECT project, count(*) AS eggs, max(id) AS newest FROM project_egg GROUP BY project
+            ) AS catalogue) AS eggs,
+           (SELECT CAST(extract(epoch FROM min(next_fire_time) - now()) AS double precision) FROM periodic_job
+            WHERE NOT paused) AS periodic_due_in
+"""
+NODE_TICK = text(f"SET LOCAL lock_timeout = {TICK_LOCK_TIMEOUT_MS}; {NODE_TICK_QUERY}")
 
 # --- operations ------------------------------------------------------------------------------------------------
+
+
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout
+
+
+@dataclass(frozen=True)
+class NodeTick:
+    """What one tick renewed and learned (see NODE_TICK)."""
+
+    registered: bool  # False: the node row is gone (the caller registers again)
+    recovered: list[ReleasedJob]  # other nodes' jobs whose lease expired
+    released: list[ReleasedJob]  # this node's forgotten claims, handed back
+    cancels: list[CancelRequest]  # for this node's crawls
+    eggs: dict[str, tuple[int, int]] | None  # project -> (eggs, newest egg id), as EggStore.egg_catalogue; None: unread
+    periodic_due_in: float | None  # seconds until the next periodic job is due; None: no active schedule
 
 
 @dataclass(frozen=True)
@@ -181,15 +234,45 @@ class NodeLeases:
         return True
 
     @database_errors
+    def node_tick(
+        self, *, worker: str, lease_seconds: float, max_attempts: int, recover: bool, release: bool,
+        known_ids: Iterable[int], claimed_before: datetime.datetime, prompt_seconds: float,
+    ) -> NodeTick:
+        """Renew the lease and learn the cluster's news in one statement (NODE_TICK); ``recover`` and ``release``
+        say whether to take other nodes' expired jobs (only while this node's previous heartbeat is at most
+        ``prompt_seconds`` old) and to hand back this node's forgotten claims."""
+        params = {
+            "worker": worker, "lease_seconds": float(lease_seconds), "max_attempts": max_attempts,
+            "recover": recover, "release": release, "known_ids": list(known_ids),
+            "claimed_before": on_database_clock(claimed_before)[0], "channel": NOTIFY_CHANNEL,
+            "prompt_seconds": float(prompt_seconds),
+        }
+        try:
+            with db.autocommit(self.engine) as connection:
+                sent = time.time()
+                row = connection.execute(NODE_TICK, params).one()
+        except DBAPIError as e:
+            if getattr(e.orig, "pgcode", None) != LOCK_NOT_AVAILABLE:
+                raise
+            # A table the tick reads is locked (a migration, an operator's lock): the lease alone, news next time.
+            return NodeTick(registered=self.heartbeat(worker), recovered=[], released=[], cancels=[], eggs=None,
+                            periodic_due_in=None)
+        if row.database_clock is not None:
+            db.learn_clock_offset(row.database_clock, sent, time.time())
+        settled = row.settled or []
+        return NodeTick(
+            registered=row.database_clock is not None,
+            recovered=[ReleasedJob(*job[:4]) for job in settled if job[4]],
+            released=[ReleasedJob(*job[:4]) for job in settled if not job[4]],
+            cancels=[CancelRequest(*request) for request in row.cancels or []],
+            eggs={project: tuple(figures) for project, figures in (row.eggs or {}).items()},
+            periodic_due_in=row.periodic_due_in,
+        )
+
+    @database_errors
     def stop_node(self, worker: str) -> None:
         with db.autocommit(self.engine) as connection:
             connection.execute(STOP_NODE, {"worker": worker})
-
-    @database_errors
-    def recover_expired_leases(self, *, worker: str, lease_seconds: float, max_attempts: int) -> list[ReleasedJob]:
-        """Take the running jobs of the other processes whose lease expired; return what was taken and where to."""
-        return self._settle(RECOVER_EXPIRED_LEASES, worker=worker, lease_seconds=float(lease_seconds),
-                            max_attempts=max_attempts)
 
     @database_errors
     def hand_back(
@@ -207,21 +290,6 @@ class NodeLeases:
         """Run a statement that settles claims (``ENDED_FROM``): pending jobs wake idle nodes on NOTIFY_CHANNEL."""
         with db.autocommit(self.engine) as connection:
             return _released(connection.execute(statement, {**params, "channel": NOTIFY_CHANNEL}))
-
-    @database_errors
-    def release_forgotten_claims(
-        self, *, worker: str, known_ids: Iterable[int], claimed_before: datetime.datetime
-    ) -> list[ReleasedJob]:
-        """Back to pending: this process's claims made before ``claimed_before`` that are not in ``known_ids``."""
-        params = {
-            "worker": worker,
-            "known_ids": list(known_ids),
-            "claimed_before": on_database_clock(claimed_before)[0],
-            "channel": NOTIFY_CHANNEL,
-        }
-        with db.autocommit(self.engine) as connection:
-            rows = connection.execute(RELEASE_FORGOTTEN_CLAIMS, params)
-            return [ReleasedJob(row.id, row.project, row.job, PENDING) for row in rows]
 
     @database_errors
     def claims_taken_over(self, claims: Iterable[ClaimedJob], *, worker: str) -> list[TakenOverJob]:

@@ -12,7 +12,6 @@ import math
 import zoneinfo
 from dataclasses import dataclass
 
-from croniter import croniter
 
 MIN_EVERY_SECONDS = 1.0  # shorter periods are mistakes, and would keep every node firing
 MAX_EVERY_SECONDS = 10 * 365 * 86400.0  # longer ones too, and past a datetime's range they cannot be computed
@@ -39,6 +38,8 @@ def check_timing(timing: Timing) -> Timing:
         zoneinfo.ZoneInfo(timing.timezone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         raise InvalidScheduleError(f"unknown time zone {timing.timezone!r} (examples: UTC, Europe/Paris)") from None
+    from croniter import croniter  # imported when a schedule is written or fired, not by every node at start-up
+
     if timing.cron is not None and not croniter.is_valid(timing.cron):
         raise InvalidScheduleError(f"invalid cron expression {timing.cron!r} (example: '*/15 * * * *')")
     if timing.every_seconds is not None:
@@ -67,4 +68,6 @@ def first_due_after(timing: Timing, now: datetime.datetime, previous: datetime.d
         periods = max(math.floor((now - previous) / period) + 1, 1)
         return (previous + periods * period).astimezone(datetime.timezone.utc)
     local = now.astimezone(zoneinfo.ZoneInfo(timing.timezone))
+    from croniter import croniter
+
     return croniter(timing.cron, local).get_next(datetime.datetime).astimezone(datetime.timezone.utc)
