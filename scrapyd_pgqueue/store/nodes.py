@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, on_database_clock
-from scrapyd_pgqueue.store.cluster import CancelRequest
+from scrapyd_pgqueue.store.all_jobs import CancelRequest
 
 
 @dataclass(frozen=True)
