@@ -241,7 +241,7 @@ def test_one_tick_renews_the_lease_recovers_releases_and_reads_cancels_eggs_and_
     register(store, "w1", "w-live")
     enqueue(store, "dead-node", "forgotten", "known", "cancelled")
     store.claim_next_jobs(None, 1, node="node-w1", worker="w1")
-    mine = {job.job: job for job in store.claim_next_jobs(None, 3, node="node-w-live", worker="w-live")}
+    mine = {job.job: job for job in store.claim_next_jobs(None, 3, node="node-w-live", worker="w-live").jobs}
     silence(admin_connection, "w1")
     silence(admin_connection, "w-live")
     with admin_connection.cursor() as cursor:
