@@ -73,7 +73,7 @@ class Settings:
     max_request_bytes: int = 8 * 1024 * 1024
     max_egg_bytes: int = 100 * 1024 * 1024
     # Crawls forked from a warm process per project version (node/warm.py) instead of a new Python each.
-    warm_start: bool = False
+    warm_start: bool = True
     # Warm processes a node keeps (least recently used retired first), and seconds an unused one lives on.
     warm_processes: int = 4
     warm_idle_timeout: float = 300.0
@@ -146,7 +146,7 @@ def settings(config=None) -> Settings:
         vacuum_interval=number("vacuum_interval", 5.0),
         max_request_bytes=number("max_request_bytes", 8 * 1024 * 1024, int),
         max_egg_bytes=number("max_egg_bytes", 100 * 1024 * 1024, int),
-        warm_start=str(_get(config, "warm_start", "off")).lower() in ("on", "true", "yes", "1"),
+        warm_start=str(_get(config, "warm_start", "on")).lower() in ("on", "true", "yes", "1"),
         warm_processes=number("warm_processes", 4, int),
         warm_idle_timeout=number("warm_idle_timeout", 300.0),
     )

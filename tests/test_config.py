@@ -21,10 +21,10 @@ def test_a_negative_count_is_refused_at_start_up(option):
         settings(Config(values={**URL, option: "-1"}))
 
 
-def test_warm_starts_are_off_by_default_and_need_one_warm_process_at_least():
+def test_warm_starts_are_on_by_default_and_need_one_warm_process_at_least():
     defaults = settings(Config(values=URL))
-    assert (defaults.warm_start, defaults.warm_processes, defaults.warm_idle_timeout) == (False, 4, 300.0)
-    given = settings(Config(values={**URL, "warm_start": "on", "warm_processes": "2", "warm_idle_timeout": "30"}))
-    assert (given.warm_start, given.warm_processes, given.warm_idle_timeout) == (True, 2, 30.0)
+    assert (defaults.warm_start, defaults.warm_processes, defaults.warm_idle_timeout) == (True, 4, 300.0)
+    given = settings(Config(values={**URL, "warm_start": "off", "warm_processes": "2", "warm_idle_timeout": "30"}))
+    assert (given.warm_start, given.warm_processes, given.warm_idle_timeout) == (False, 2, 30.0)
     with pytest.raises(ConfigurationError, match="'warm_processes' must be at least 1"):
         settings(Config(values={**URL, "warm_start": "on", "warm_processes": "0"}))

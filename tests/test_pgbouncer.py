@@ -100,11 +100,18 @@ def test_six_nodes_through_pgbouncer_run_every_job_once_cancel_deploy_and_surviv
     wait_for(lambda: {state[0] for state in jobs(admin_url, *egg_jobs).values()} == {"terminated"}, 60,
              "the egg jobs to finish")
 
-    # A running job cancelled through another node.
+    # A running job cancelled through another node. As in Scrapyd, the first cancel.json asks Scrapy to shut down
+    # gracefully, which waits for the sleeping callback, and the second forces it: sent once the callback sleeps,
+    # each after the crawl logged the previous one (two signals at once are one to Python).
     schedule(listening[0], "to-cancel", seconds="120")
     [run] = wait_for(lambda: runs_of(tmp_path, "to-cancel"), 30, "it to start")
+    runner = next(node for node in nodes if node.name == run["node"])
+    crawl_log = runner.directory / "logs" / "example" / "sleeper" / "to-cancel.log"
+    wait_for(lambda: "Sleeping in the callback" in crawl_log.read_text(), 30, "the crawl's callback to sleep")
     other = next(node for node in nodes if node.name != run["node"])
-    assert other.post("cancel.json", project="example", job="to-cancel")["prevstate"] == "running"
+    for delivered in ("Received SIGINT, shutting down gracefully", "Received SIGINT twice"):
+        assert other.post("cancel.json", project="example", job="to-cancel")["prevstate"] == "running"
+        wait_for(lambda: delivered in crawl_log.read_text(), 30, f"the crawl to be signalled ({delivered})")
     wait_for(lambda: jobs(admin_url, "to-cancel")["to-cancel"][:2] == ("terminated", "cancelled"), 30,
              "the crawl to be cancelled")
 
