@@ -1,7 +1,8 @@
 """Warm starts: crawls forked from a warm process (``warm_start = on``) against Scrapyd's new Python per crawl.
 
 One real Scrapyd node (``max_proc`` 8) per mode, one mode after the other on the bench's database, the same
-baked-in example project; a warm-up crawl first (the warm node's warm process imports the project then). Measured:
+baked-in example project; a warm-up crawl first (spawned cold on the warm node too, while its warm process imports
+the project; the measures start once it is ready). Measured:
 
 * start: a crawl alone, from the row's ``start_time`` (the claim) to the spider's own record of its creation
   (``runs.jsonl``, written in ``from_crawler``), p50 and p99;
@@ -54,7 +55,9 @@ def run(ctx: Context) -> dict:
             try:
                 node = cluster.nodes[0]
                 idle_rss = _rss(node.process.pid)
-                _start_alone(ctx, node, records)  # warm-up
+                _start_alone(ctx, node, records)  # warm-up: cold, while the warm node's warm process imports
+                if mode == "warm":
+                    _wait_until_ready(node)
                 starts = [_start_alone(ctx, node, records) for _ in range(sizes["starts"])]
                 ctx.log(f"warmstart: {mode}: {len(starts)} starts done")
                 rate = _burst(ctx, node, f"http://127.0.0.1:{server.server_port}/", sizes["burst"])
@@ -81,6 +84,14 @@ def run(ctx: Context) -> dict:
         "notes": ["one node per mode, cold first, then warm, on the same machine in the same run",
                   "start: claim (row start_time) -> spider created; the warm-up crawl is not counted"],
     }
+
+
+def _wait_until_ready(node) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while "of project example ready" not in node.logfile.read_text():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"warmstart: no warm process ready on {node.name}:\n{node.log_tail(10)}")
+        time.sleep(0.05)
 
 
 def _page_server() -> http.server.ThreadingHTTPServer:

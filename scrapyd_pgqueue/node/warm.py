@@ -4,11 +4,12 @@ A warm process (``scrapyd_pgqueue/warm_process.py``) has imported one project ve
 of it, so it reaches its spider in tens of milliseconds instead of a quarter of a second of imports. To the
 launcher a forked crawl looks like a spawned one: the node makes its stdout and stderr pipes and reads them as
 Twisted reads a child's, ``WarmCrawl`` is its transport (the real pid, ``signalProcess``), and ``processEnded``
-gets the ``ProcessDone`` or ``ProcessTerminated`` that Twisted would give. Never worse than cold: a project that
-cannot be forked safely, a warm process that dies before forking, a message too big to send all mean a cold
-spawn; a crawl whose warm process died under it ends with ``warm_parent_died`` set, and the launcher hands its job
-back. A warm process is keyed by its project and egg file (the egg's row id: a redeployed version is a new key),
-retired when its project changes in the egg catalogue, when it is the least recently used of too many, or idle.
+gets the ``ProcessDone`` or ``ProcessTerminated`` that Twisted would give. Never worse than cold: a crawl whose
+warm process is still importing its project, a project that cannot be forked safely, a warm process that dies
+before forking, a message too big to send all mean a cold spawn; a crawl whose warm process died under it ends with
+``warm_parent_died`` set, and the launcher hands its job back. A warm process is keyed by its project and egg file
+(the egg's row id: a redeployed version is a new key), retired when its project changes in the egg catalogue, when
+it is the least recently used of too many, or idle.
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ class WarmStarts:
                 log.error("Could not start a warm process of project {project}: {error}", project=project, error=e)
                 return self._spawn_cold(process)
         self.warm.move_to_end(key)
-        if not warm.fork(process):
+        if not warm.ready or not warm.fork(process):  # importing still: a cold spawn starts now, never later
             self._spawn_cold(process)
 
     def spawn_cold(self, process, signals=()) -> None:
