@@ -100,6 +100,31 @@ class BareClaimStatement:
         self.connection.close()
 
 
+def lean_claim_statement(table: str = database.LEAN_TABLE) -> str:
+    """The lean claim: what a claim must do and nothing else, one statement (its table: database.LEAN_TABLE)."""
+    return (f"UPDATE {table} SET status = 'ongoing', node = %(node)s, worker = %(worker)s, start_time = now(), "
+            f"attempts = attempts + 1 WHERE id = (SELECT id FROM {table} WHERE status = 'pending' "
+            f"ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING message")
+
+
+class LeanClaim:
+    """(e) The reference of issue 24: the lean claim statement over psycopg2 in autocommit, on a table with the
+    queue's columns and a single partial index on pending rows (no promotion, limits, leases or trees)."""
+
+    def __init__(self, run: ClaimRun, index: int):
+        self.statement = lean_claim_statement()
+        self.connection = database.connect(run.database_url, autocommit=True)
+        self.params = {"node": _node_name(index), "worker": uuid.uuid4().hex}
+
+    def claim(self) -> bool:
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.statement, self.params)
+            return cursor.fetchone() is not None
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 class SeedLockTable:
     """(b) The seed article's pop, psycopg2 directly (its ORM session would only add client time).
 
@@ -181,6 +206,7 @@ KINDS = {
     ),
     "scrapyd_sqlite": Kind("(c) Scrapyd SqliteSpiderQueue", ScrapydSqlite, "sqlite"),
     "bare_claim_statement": Kind("(d) bare claim statement, psycopg2", BareClaimStatement, "spider_job"),
+    "lean_claim": Kind("(e) lean claim, lean table", LeanClaim, database.LEAN_TABLE),
 }
 
 

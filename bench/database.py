@@ -28,6 +28,16 @@ SEED_TABLE = "seed_spider_job"
 SEED_TABLE_AS_PUBLISHED = "seed_spider_job_as_published"
 SEED_TABLES = (SEED_TABLE, SEED_TABLE_AS_PUBLISHED)
 
+# The lean claim's table (issue 24's reference): the queue's columns and one partial index on pending rows, in the
+# claim's order; nothing else (no other index, no trigger, no constraint but the primary key).
+LEAN_TABLE = "lean_spider_job"
+CREATE_LEAN_TABLE = """
+    CREATE TABLE IF NOT EXISTS lean_spider_job (LIKE spider_job INCLUDING DEFAULTS INCLUDING IDENTITY, PRIMARY KEY (id));
+    CREATE INDEX IF NOT EXISTS lean_spider_job_pending_idx ON lean_spider_job (priority DESC, id)
+        WHERE status = 'pending'
+"""
+BENCHMARK_TABLES = (*SEED_TABLES, LEAN_TABLE)
+
 CREATE_SEED_TABLE = """
     CREATE TABLE IF NOT EXISTS {table} (
         id serial PRIMARY KEY,
@@ -48,7 +58,7 @@ CREATE_SEED_PENDING_INDEX = "CREATE INDEX IF NOT EXISTS {index} ON {table} (prio
 # come from random() so that they are independent of the project: a pattern tied to the row number lines up with
 # the project cycle and leaves whole projects without their top priorities.
 FILL_SPIDER_JOB = """
-    INSERT INTO spider_job (project, spider, job, priority, message, status, created_time)
+    INSERT INTO {table} (project, spider, job, priority, message, status, created_time)
     SELECT project, spider, job, coalesce(%(priority)s, floor(random() * 10)),
            jsonb_build_object('name', spider, '_job', job, 'settings', jsonb_build_object(), 'category', 'bench'),
            'pending', localtimestamp
@@ -167,7 +177,7 @@ def drop_benchmark_rows(url: str) -> None:
     """Leave a given database as found: the queue schema empty, the benchmark's own tables gone."""
     with admin_connection(url) as connection, connection.cursor() as cursor:
         cursor.execute(TRUNCATE_SPIDER_JOB)
-        for table in SEED_TABLES:
+        for table in BENCHMARK_TABLES:
             cursor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
 
 
@@ -182,23 +192,27 @@ def prepare_schema(url: str) -> None:
                 index=sql.Identifier(f"{SEED_TABLE}_pending_idx"), table=sql.Identifier(SEED_TABLE)
             )
         )
+        cursor.execute(CREATE_LEAN_TABLE)
 
 
-def fill_spider_job(url: str, count: int, projects: Sequence[str], prefix: str) -> None:
-    """Replace the queue with ``count`` fresh pending jobs, then VACUUM ANALYZE as a settled table would be."""
+def fill_spider_job(url: str, count: int, projects: Sequence[str], prefix: str, table: str = "spider_job") -> None:
+    """Replace the queue (or the lean table) with ``count`` fresh pending jobs, then VACUUM ANALYZE as a settled
+    table would be."""
     with admin_connection(url) as connection, connection.cursor() as cursor:
-        cursor.execute(TRUNCATE_SPIDER_JOB)
+        name = sql.Identifier(table)
+        cursor.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(name))
         cursor.execute("SELECT setseed(%s)", (RANDOM_SEED,))  # the same priorities in every run
-        insert_pending(cursor, count, projects, prefix, first=1)
-        cursor.execute("VACUUM ANALYZE spider_job")
+        insert_pending(cursor, count, projects, prefix, first=1, table=table)
+        cursor.execute(sql.SQL("VACUUM ANALYZE {}").format(name))
 
 
 def insert_pending(
-    cursor, count: int, projects: Sequence[str], prefix: str, first: int, priority: float | None = None
+    cursor, count: int, projects: Sequence[str], prefix: str, first: int, priority: float | None = None,
+    table: str = "spider_job",
 ) -> None:
     """Add ``count`` pending jobs numbered from ``first`` (job ids ``prefix || n`` must not collide)."""
     params = {"projects": list(projects), "prefix": prefix, "first": first, "count": count, "priority": priority}
-    cursor.execute(FILL_SPIDER_JOB, params)
+    cursor.execute(sql.SQL(FILL_SPIDER_JOB).format(table=sql.Identifier(table)), params)
 
 
 def fill_seed_table(url: str, table: str, count: int, project: str) -> None:

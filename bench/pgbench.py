@@ -15,6 +15,7 @@ from pathlib import Path
 from sqlalchemy import make_url
 
 from bench import database
+from bench.claimers import lean_claim_statement
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.store import CLAIM_NEXT_JOBS, NOTIFY_CHANNEL
 
@@ -35,6 +36,13 @@ def claim_script(url: str, project: str) -> str:
               "now": datetime.datetime.now(), "channel": NOTIFY_CHANNEL}
     with database.admin_connection(url) as connection, connection.cursor() as cursor:
         statement = cursor.mogrify(CLAIM_NEXT_JOBS, params).decode()
+    return " ".join(statement.split()) + ";\n"
+
+
+def lean_claim_script(url: str) -> str:
+    """(e) The lean claim statement, as psycopg2 sends it for one claimer."""
+    with database.admin_connection(url) as connection, connection.cursor() as cursor:
+        statement = cursor.mogrify(lean_claim_statement(), {"node": "pgbench", "worker": "pgbench"}).decode()
     return " ".join(statement.split()) + ";\n"
 
 

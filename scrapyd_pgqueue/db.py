@@ -162,11 +162,12 @@ def autocommit(engine: Engine):
     return engine.connect()
 
 
-def fetch_all(engine: Engine, statement: str, params: dict) -> list[tuple]:
+def fetch_all(engine: Engine, statement: str, params: dict, timeouts: bool = True) -> list[tuple]:
     """One statement (psycopg2 placeholders) straight on a pooled connection's cursor, with the timeouts every
-    statement carries: for the claim, the node's hottest call, where SQLAlchemy's execution layer cost more client
-    CPU than the driver itself (about 370 against 200 us a claim)."""
-    return _on_pooled_cursor(engine, STATEMENT_PREFIX + statement, params, fetch=True)
+    statement carries (``timeouts=False``: a function call that sets its own): for the claim, the node's hottest
+    call, where SQLAlchemy's execution layer cost more client CPU than the driver itself (about 370 against 200 us a
+    claim)."""
+    return _on_pooled_cursor(engine, STATEMENT_PREFIX + statement if timeouts else statement, params, fetch=True)
 
 
 def run_outside_transaction(engine: Engine, statement: str) -> None:
@@ -255,6 +256,7 @@ def _create_engine(url: str, pool_size: int, timeout: float, application_name: s
         pool_size=pool_size,
         max_overflow=0,  # the budget is fixed: busy means wait (pool_timeout), never one more connection
         isolation_level="AUTOCOMMIT",  # see autocommit() and transaction()
+        pool_reset_on_return=None,  # the driver's rollback() of an autocommit connection sends nothing anyway
         pool_timeout=timeout,
         connect_args={"application_name": application_name, **TCP_SETTINGS},
     )

@@ -401,3 +401,34 @@ def test_0008_upgrades_a_populated_queue_whose_wanted_nodes_then_count_its_work(
     _migrate_to(database_url, "0007", down=True)
     assert query(database_url, "SELECT count(*) FROM pg_proc WHERE proname = 'scrapyd_pgqueue_wanted_nodes'") == [(0,)]
     assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]
+
+
+def test_0009_upgrades_a_populated_queue_whose_claim_then_takes_one_statement_when_nothing_is_due(database_url):
+    _migrate_to(database_url, "0008")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)
+        SELECT 'p', 's', 'job-' || i, i %% 10, jsonb_build_object('name', 's', '_job', 'job-' || i),
+               (ARRAY['pending', 'delayed', 'terminated'])[1 + i %% 3],
+               CASE WHEN i %% 6 = 1 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END, now()
+        FROM generate_series(1, %s) AS i
+    """, (3000,))
+    settings = "SELECT proname, proconfig FROM pg_proc WHERE proname IN ('claim_spider_jobs', 'spider_job_next_due')"
+    assert sorted(query(database_url, settings)) == [("claim_spider_jobs", None), ("spider_job_next_due", None)]
+
+    _migrate_to(database_url, "0009")
+
+    assert query(database_url, settings) == [
+        ("claim_spider_jobs", ["plan_cache_mode=force_generic_plan", "lock_timeout=15s"])]
+    store = JobStore.for_url(database_url)
+    due = store.claim_next_jobs(["p"], 5, node="n", worker="w")
+    assert due.became_due == 500  # the delayed jobs already due (i % 6 == 1), promoted before the claim
+    assert [int(job.job.split("-")[1]) % 10 for job in due.jobs] == [9] * 5  # the best of all, due ones included
+    assert 3590 < due.next_due_in <= 3600
+    at_once = store.claim_next_jobs(["p"], 3, node="n", worker="w")  # nothing due: the first statement alone
+    assert len(at_once.jobs) == 3 and at_once.became_due == 0 and 3590 < at_once.next_due_in <= 3600
+    assert query(database_url, "SELECT count(*) FROM spider_job WHERE status = 'pending'") == [(1000 + 500 - 8,)]
+
+    _migrate_to(database_url, "0008", down=True)
+    assert sorted(query(database_url, settings)) == [("claim_spider_jobs", None), ("spider_job_next_due", None)]
+    assert len(store.claim_next_jobs(["p"], 2, node="n", worker="w").jobs) == 2
+    assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]

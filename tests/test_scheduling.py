@@ -78,6 +78,24 @@ def test_a_delayed_job_waits_for_its_time_and_the_claim_says_when(database_url):
     assert [job.job for job in due.jobs] == ["later"]  # promoted and claimed by the same call
 
 
+def test_a_claim_that_fills_its_slots_at_once_still_says_when_the_next_delayed_job_is_due(database_url):
+    store = JobStore.for_url(database_url)
+    store.enqueue("p", {"name": "s", "_job": "later"}, priority=9, options=JobOptions(delay=3600))
+    for n in range(3):
+        store.enqueue("p", {"name": "s", "_job": f"now-{n}"}, priority=n)
+    full = claim(store, limit=2)  # the one-statement claim: no summary row, the next due time on the jobs' rows
+    assert [job.job for job in full.jobs] == ["now-2", "now-1"]
+    assert full.became_due == 0 and 3590 < full.next_due_in <= 3600
+    short = claim(store, limit=5)  # fewer jobs than slots: the whole claim, with its summary row
+    assert [job.job for job in short.jobs] == ["now-0"]
+    assert short.became_due == 0 and 3590 < short.next_due_in <= 3600
+    store.enqueue("p", {"name": "s", "_job": "ranked-below-the-due-one"}, priority=0)
+    # Its time comes: the claim promotes it before it claims, and it ranks first.
+    query(database_url, "UPDATE spider_job SET run_at = now() - interval '1 second' WHERE job = 'later'")
+    due = claim(store, limit=1)
+    assert [job.job for job in due.jobs] == ["later"] and due.became_due == 1 and due.next_due_in is None
+
+
 def test_ten_concurrent_schedules_of_one_unique_key_leave_one_waiting_job(database_url, admin_connection):
     store = JobStore.for_url(database_url)
     barrier = threading.Barrier(10)

@@ -27,6 +27,8 @@ TARGET_CLAIMERS = 16
 
 # (numerator, denominator): the ratios printed at every level.
 RATIOS = (
+    ("pgqueue_pop", "lean_claim"),
+    ("bare_claim_statement", "lean_claim"),
     ("pgqueue_pop", "bare_claim_statement"),
     ("pgqueue_claim_next_jobs", "bare_claim_statement"),
     ("pgqueue_pop", "seed_lock_table"),
@@ -38,6 +40,7 @@ RATIOS = (
 
 # (numerator, denominator, comparison, limit) at TARGET_CLAIMERS: the goals set for the claim path.
 TARGETS = (
+    ("pgqueue_pop", "lean_claim", ">=", 0.60),
     ("pgqueue_pop", "bare_claim_statement", ">=", 0.70),
     ("pgqueue_claim_next_jobs", "bare_claim_statement", ">=", 0.70),
     ("pgqueue_pop", "seed_lock_table", ">=", 2.5),
@@ -51,6 +54,7 @@ SHORT_NAMES = {
     "seed_lock_table_as_published": "(b') seed as published",
     "scrapyd_sqlite": "(c) sqlite",
     "bare_claim_statement": "(d) ceiling",
+    "lean_claim": "(e) lean",
 }
 
 
@@ -115,7 +119,8 @@ def _server_only(ctx: Context) -> dict:
     profile = ctx.profile
     level = TARGET_CLAIMERS if TARGET_CLAIMERS in profile.claimers else max(profile.claimers)
     scripts = {"bare_claim_statement": pgbench.claim_script(ctx.database_url, PROJECT),
-               "seed_lock_table": pgbench.SEED_TRANSACTION}
+               "seed_lock_table": pgbench.SEED_TRANSACTION,
+               "lean_claim": pgbench.lean_claim_script(ctx.database_url)}
     runs = {kind: [] for kind in scripts}
     for repeat in range(profile.repeats):
         for kind in _rotated(list(scripts), repeat):
@@ -125,7 +130,8 @@ def _server_only(ctx: Context) -> dict:
             ctx.log(f"throughput: server only, {kind} x{level}: {runs[kind][-1]:,.0f} transactions/s (pgbench)")
     rates = {kind: statistics.median(values) for kind, values in runs.items()}
     return {"claimers": level, "transactions_per_second": rates, "runs": runs,
-            "ratio": ratio(rates["bare_claim_statement"], rates["seed_lock_table"])}
+            "ratio": ratio(rates["bare_claim_statement"], rates["seed_lock_table"]),
+            "ratio_to_lean": ratio(rates["bare_claim_statement"], rates["lean_claim"])}
 
 
 def _rotated(kinds: list[str], shift: int) -> list[str]:
@@ -137,6 +143,8 @@ def _refill(ctx: Context, kind: str, sqlite_dir: Path) -> None:
     backlog, store = ctx.profile.throughput_backlog, KINDS[kind].store
     if store == "spider_job":
         database.fill_spider_job(ctx.database_url, backlog, [PROJECT], prefix="tp-")
+    elif store == database.LEAN_TABLE:
+        database.fill_spider_job(ctx.database_url, backlog, [PROJECT], prefix="tp-", table=store)
     elif store == "sqlite":
         database.fill_scrapyd_sqlite_queue(sqlite_dir, PROJECT, backlog)
     else:
@@ -253,7 +261,8 @@ def _format_server_only(server_only: dict) -> str:
     rates = server_only["transactions_per_second"]
     return (f"server side alone (pgbench, {server_only['claimers']} connections, no Python client): (d) claim "
             f"{rates['bare_claim_statement']:,.0f}/s, (b) seed LOCK TABLE {rates['seed_lock_table']:,.0f}/s, "
-            f"(d) / (b) {server_only['ratio']:.2f}")
+            f"(e) lean claim {rates['lean_claim']:,.0f}/s; (d) / (b) {server_only['ratio']:.2f}, "
+            f"(d) / (e) {server_only['ratio_to_lean']:.2f}")
 
 
 @report.plotting

@@ -29,7 +29,8 @@ from scrapyd_pgqueue.store.nodes import NodeLeases
 # --- queries ---------------------------------------------------------------------------------------------------
 
 # Claim the next :limit pending jobs of :projects (all when NULL) for this node, in one round trip: the database
-# function claim_spider_jobs. Its SQL, and the reason for each of its steps, are in store/schema.sql.
+# function claim_spider_jobs. Its SQL, and the reason for each of its steps, are in store/schema.sql. Its rows: the
+# jobs claimed, then a summary row (id NULL) unless the first statement filled every slot.
 CLAIM_NEXT_JOBS = """
     SELECT id, project, job, attempts, message, priority, waited, promoted, next_due_in
     FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s)
@@ -150,9 +151,13 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
                   "projects": None if projects is None else list(projects)}
         if params["projects"] == []:
             return Claim([], 0, None)
-        rows = db.fetch_all(self.engine, CLAIM_NEXT_JOBS, params)  # tuples, in CLAIM_NEXT_JOBS's column order
-        [summary] = [row for row in rows if row[0] is None]
+        # Without the SET LOCAL timeouts: the function sets its own lock_timeout, and each of its statements reads
+        # a bounded head of an index (no statement_timeout needed; the caller's deadline bounds its wait).
+        rows = db.fetch_all(self.engine, CLAIM_NEXT_JOBS, params, timeouts=False)  # in CLAIM_NEXT_JOBS's columns
         jobs = sorted((row for row in rows if row[0] is not None), key=lambda row: (-row[5], row[0]))
+        # The summary row (id NULL) comes last; a claim that filled its slots at once has none, and its rows carry
+        # the next due time themselves (nothing became due).
+        summary = rows[-1] if rows[-1][0] is None else (None, None, None, None, None, None, None, 0, rows[0][8])
         return Claim(
             [ClaimedJob(id, project, job, attempts, message, waited)
              for id, project, job, attempts, message, _, waited, _, _ in jobs],

@@ -2,7 +2,7 @@
 -- beside it. The migrations create and change them (a migration never changes once released); this file is where a
 -- reader starts, and where the next change to one of them starts: copy the function into the new migration, change
 -- it there and here. tests/test_schema.py fails when this file and the migrated database disagree (it compares the
--- functions' arguments, results, volatility, language and bodies, comments and spacing aside).
+-- functions' arguments, results, volatility, language, settings and bodies, comments and spacing aside).
 -- Tables and indexes: scrapyd_pgqueue/models.py.
 
 
@@ -18,53 +18,93 @@ AS $function$
     $function$;
 
 
--- When the next delayed job of p_projects (all when NULL) is due (0006): the head of spider_job_delayed_idx, or of
--- each project in spider_job_delayed_project_idx (a project without delayed jobs reads nothing of the others').
-CREATE OR REPLACE FUNCTION spider_job_next_due(p_projects text[])
- RETURNS timestamp with time zone
- LANGUAGE sql
- STABLE
-AS $function$
-        SELECT CASE WHEN p_projects IS NULL THEN (
-            SELECT min(run_at) FROM spider_job WHERE status = 'delayed'
-        ) ELSE (
-            SELECT min(due.run_at) FROM unnest(p_projects) AS wanted(project), LATERAL (
-                SELECT run_at FROM spider_job WHERE status = 'delayed' AND project = wanted.project
-                ORDER BY run_at LIMIT 1
-            ) AS due
-        ) END
-    $function$;
-
-
--- The claim (0006; 0007 stamps start_time with the database's clock): the next p_limit pending jobs of p_projects
--- (all when NULL) move to 'ongoing' for node p_node (process p_worker), in one round trip. The store calls it
--- (store/queue.py, CLAIM_NEXT_JOBS). Each step is shaped for concurrency, and for a cost that does not grow with the
--- backlog.
+-- The claim (0006; 0007 stamps start_time with the database's clock; 0009 adds the first statement and plans once):
+-- the next p_limit pending jobs of p_projects (all when NULL) move to 'ongoing' for node p_node (process p_worker), in
+-- one round trip. The store calls it (store/queue.py, CLAIM_NEXT_JOBS). Each step is shaped for concurrency, and for
+-- a cost that does not grow with the backlog.
 --
--- Why a function: the claim as one SQL statement (promotion, limits, summary) cost more to plan (0.5-0.7 ms) than to
--- run (0.2 ms), on every call. Here each step is a small statement, cheap to plan, and a step a claim does not need
--- is not run: promotion when nothing is due (the next due time, read first, is also the summary's), the limits when
--- the projects have none. PL/pgSQL keeps the plans it can reuse in the server connection (which works behind
--- PgBouncer's transaction pooling, unlike prepared statements); the claim itself is planned for its values on each
--- call (a generic plan cannot know that a project is small, and would read the whole backlog's index for it).
--- Each statement of a VOLATILE function takes a fresh snapshot, so jobs promoted by the first step are claimable by
--- the next one (in the same call), and a limited spider's running jobs are counted after its limit row is locked.
--- The rows are held only for this call. The last row (id NULL) says how many delayed jobs became due and in how many
--- seconds the next one is (the poller sets its timer by it).
+-- Why a function, planned once: planning a claim costs more than running it (0.2-0.4 ms against 0.1-0.2 ms on
+-- spider_job's indexes). PL/pgSQL keeps each static statement's plan in the server connection (which works behind
+-- PgBouncer's transaction pooling, unlike prepared statements), and force_generic_plan keeps the plan cache from
+-- planning again for each call's values. What needs its values to be planned well is EXECUTEd, so planned with
+-- them: several projects (a generic plan cannot know that they are a small part of the backlog, and would read the
+-- whole pending index for them) and the limits.
+-- Each statement of a VOLATILE function takes a fresh snapshot, so jobs promoted by one step are claimable by the
+-- next (in the same call), and a limited spider's running jobs are counted after its limit row is locked. The rows
+-- are held only for this call. The rows returned: the jobs claimed, then a summary row (id NULL: how many delayed
+-- jobs became due, and in how many seconds the next one is; the poller sets its timer by it), except when the first
+-- statement filled every slot: its rows carry the next due time themselves.
 CREATE OR REPLACE FUNCTION claim_spider_jobs(p_projects text[], p_limit integer, p_node text, p_worker text, p_channel text)
  RETURNS TABLE(id bigint, project text, job text, attempts integer, message jsonb, priority double precision, waited double precision, promoted bigint, next_due_in double precision)
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET lock_timeout TO '15s'
 AS $function$
     #variable_conflict use_column
     DECLARE
+        v_hot boolean := p_limit > 0 AND coalesce(cardinality(p_projects) = 1, false);
+        v_claimed bigint := 0;
+        v_round integer;
         v_promoted bigint := 0;
-        v_next_due timestamptz := spider_job_next_due(p_projects);
-        v_projects text := CASE WHEN p_projects IS NULL THEN 'true' ELSE 'project = ANY($1)' END;
+        v_next_due timestamptz;
+        v_limited boolean;
+        v_projects text := CASE WHEN p_projects IS NULL THEN 'true'
+                                WHEN cardinality(p_projects) = 1 THEN 'project = $1[1]'
+                                ELSE 'project = ANY($1)' END;
     BEGIN
-        -- Due delayed jobs become pending and wake the nodes (at most 1,000 a call, the earliest first), read from
-        -- the head of spider_job_delayed_idx: a million jobs still waiting cost nothing. Run only when the next due
-        -- time (read first, and the summary's too) has come.
-        IF v_next_due <= now() THEN
+        -- One project (ISpiderQueue.pop, a node with one project), the hot path: one statement, nothing read
+        -- before it. It claims only when no limit applies to the project and none of its delayed jobs is due (two
+        -- probes of small indexes, evaluated once, in the same statement): then claim order is the pending index's.
+        -- The head of spider_job_pending_project_idx in (project, priority DESC, id) order. The project is a range
+        -- from itself to itself, not an equality: this plan is made once for any project, and with = its estimate
+        -- is the average project's, for which reading spider_job_pending_idx and passing over other projects' jobs
+        -- looks as cheap (a small project behind a big one would read the big one's backlog on every claim); only
+        -- spider_job_pending_project_idx gives rows in this order. FOR UPDATE SKIP LOCKED:
+        -- concurrent claimers pass over each other's rows instead of queueing behind them; LIMIT = the caller's free
+        -- slots (a node never takes more than it can start); id = ANY(ARRAY(...)) updates the locked rows through the
+        -- primary key, whatever LIMIT is. start_time is the database's clock (0007), like every time the nodes
+        -- compare. Each row carries the next due time (the head of spider_job_delayed_project_idx). Slots filled:
+        -- the call ends here.
+        IF v_hot THEN
+            RETURN QUERY
+            UPDATE spider_job AS j
+            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
+            WHERE j.id = ANY(ARRAY(
+                  SELECT n.id FROM spider_job AS n
+                  WHERE n.status = 'pending' AND n.project >= p_projects[1] AND n.project <= p_projects[1]
+                    AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = p_projects[1])
+                    AND NOT EXISTS (SELECT FROM spider_job AS d
+                                    WHERE d.status = 'delayed' AND d.project = p_projects[1] AND d.run_at <= now())
+                  ORDER BY n.project, n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), 0::bigint,
+                      CAST(extract(epoch FROM (
+                          SELECT d.run_at FROM spider_job AS d WHERE d.status = 'delayed' AND d.project = p_projects[1]
+                          ORDER BY d.run_at LIMIT 1) - now()) AS double precision);
+            GET DIAGNOSTICS v_claimed = ROW_COUNT;
+            IF v_claimed = p_limit THEN
+                RETURN;
+            END IF;
+        END IF;
+
+        -- The next due time (the head of spider_job_delayed_idx, or of each project in
+        -- spider_job_delayed_project_idx: a project without delayed jobs reads nothing of the others'), and whether
+        -- a limit applies. When a delayed job is due: due delayed jobs become pending and wake the nodes (at most
+        -- 1,000 a call, the earliest first), read from the head of spider_job_delayed_idx (a million jobs still
+        -- waiting cost nothing), and the next due time is read again for the summary.
+        FOR v_round IN 1..2 LOOP
+            SELECT CASE WHEN p_projects IS NULL THEN (
+                       SELECT min(d.run_at) FROM spider_job AS d WHERE d.status = 'delayed'
+                   ) ELSE (
+                       SELECT min(due.run_at) FROM unnest(p_projects) AS wanted(project), LATERAL (
+                           SELECT d.run_at FROM spider_job AS d
+                           WHERE d.status = 'delayed' AND d.project = wanted.project
+                           ORDER BY d.run_at LIMIT 1
+                       ) AS due
+                   ) END,
+                   EXISTS (SELECT FROM spider_limit AS l WHERE p_projects IS NULL OR l.project = ANY(p_projects))
+            INTO v_next_due, v_limited;
+            EXIT WHEN v_round = 2 OR v_next_due IS NULL OR v_next_due > now();
             WITH promoted AS (
                 UPDATE spider_job AS j SET status = 'pending'
                 WHERE j.id = ANY(ARRAY(
@@ -79,18 +119,16 @@ AS $function$
                 SELECT count(*) AS jobs, pg_notify(p_channel, promoted.project) FROM promoted GROUP BY promoted.project
             )
             SELECT coalesce(sum(woken.jobs), 0) INTO v_promoted FROM woken;
-            v_next_due := spider_job_next_due(p_projects);
-        END IF;
+        END LOOP;
 
-        IF p_limit > 0 AND EXISTS (SELECT FROM spider_limit AS l
-                                   WHERE p_projects IS NULL OR l.project = ANY(p_projects)) THEN
+        IF p_limit > v_claimed AND v_limited THEN
             -- Some spider has a limit (spider_limit): that spider is filled by one claimer at a time, the one that
             -- locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no head-of-line
             -- blocking); spider_job_running() counts its running jobs after that lock, in a fresh snapshot, so
             -- claims committed by other nodes meanwhile are counted: never more than max_running at once. Each
             -- limited spider reads the head of spider_job_pending_spider_idx, at most its free room; the other
-            -- spiders' jobs come from the pending index as below. Planned on each call, as it depends on the
-            -- limits; a fixed fragment chooses the projects, the values are parameters.
+            -- spiders' jobs come from the pending index as below. A fixed fragment chooses the projects, the values
+            -- are parameters.
             RETURN QUERY EXECUTE format($claim$
                 WITH limits AS MATERIALIZED (
                     SELECT project, spider, max_running FROM spider_limit WHERE %1$s
@@ -123,44 +161,21 @@ AS $function$
                 RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
                           CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
                           NULL::double precision
-            $claim$, v_projects) USING p_projects, p_limit, p_node, p_worker;
-        ELSIF p_limit > 0 AND p_projects IS NULL THEN
-            -- No limit: the head of spider_job_pending_idx in (priority DESC, id) order. FOR UPDATE SKIP LOCKED:
-            -- concurrent claimers pass over each other's rows instead of queueing behind them. LIMIT = the caller's
-            -- free slots (a node never takes more than it can start). id = ANY(ARRAY(...)) updates the locked rows
-            -- through the primary key, whatever LIMIT is. start_time is the database's clock (0007), like every
-            -- time the nodes compare.
-            RETURN QUERY
-            UPDATE spider_job AS j
-            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
-            WHERE j.id = ANY(ARRAY(SELECT n.id FROM spider_job AS n WHERE n.status = 'pending'
-                  ORDER BY n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
-            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
-                      NULL::double precision;
-        ELSIF p_limit > 0 AND cardinality(p_projects) = 1 THEN
-            -- One project (ISpiderQueue.pop): the head of that project in spider_job_pending_project_idx. A list of
-            -- projects cannot read it so: an ordered index scan takes one value of its leading column.
-            RETURN QUERY
-            UPDATE spider_job AS j
-            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
-            WHERE j.id = ANY(ARRAY(
-                  SELECT n.id FROM spider_job AS n WHERE n.status = 'pending' AND n.project = p_projects[1]
-                  ORDER BY n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
-            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
-                      NULL::double precision;
-        ELSIF p_limit > 0 THEN
-            -- Some projects: spider_job_pending_idx from its head, other projects' jobs passed over.
-            RETURN QUERY
-            UPDATE spider_job AS j
-            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
-            WHERE j.id = ANY(ARRAY(
-                  SELECT n.id FROM spider_job AS n WHERE n.status = 'pending' AND n.project = ANY(p_projects)
-                  ORDER BY n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
-            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
-                      NULL::double precision;
+            $claim$, v_projects) USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker;
+        ELSIF p_limit > v_claimed AND (v_promoted > 0 OR NOT v_hot) THEN
+            -- No limit: all projects read the head of spider_job_pending_idx, one project that of
+            -- spider_job_pending_project_idx (an ordered index scan takes one value of its leading column), several
+            -- projects spider_job_pending_idx from its head, other projects' jobs passed over. After the first
+            -- statement, only jobs that just became due are left to claim.
+            RETURN QUERY EXECUTE format($claim$
+                UPDATE spider_job AS j
+                SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
+                WHERE j.id = ANY(ARRAY(SELECT id FROM spider_job WHERE status = 'pending' AND %1$s
+                      ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED))
+                RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                          CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
+                          NULL::double precision
+            $claim$, v_projects) USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker;
         END IF;
 
         -- The summary row: how many became due, and in how many seconds the next delayed job is due.
