@@ -54,7 +54,8 @@ def main(url: str, rounds: int) -> None:
         "lean statement, lean table": (database.LEAN_TABLE, lean(database.LEAN_TABLE)),
         "lean statement, spider_job": ("spider_job", lean("spider_job")),
         "claim_spider_jobs (pop)": ("spider_job", claim),
-        "the same, planned for each call": ("spider_job", claim.replace("claim_spider_jobs(", "claim_planned_per_call(")),
+        "the same, planned for each call": (
+            "spider_job", claim.replace("claim_spider_jobs(", "claim_planned_per_call(")),
         "migration 0007's claim_spider_jobs": ("spider_job", claim.replace("claim_spider_jobs(", "claim_0007(")),
     }
     for _ in range(rounds):

@@ -32,7 +32,8 @@ SEED_TABLES = (SEED_TABLE, SEED_TABLE_AS_PUBLISHED)
 # claim's order; nothing else (no other index, no trigger, no constraint but the primary key).
 LEAN_TABLE = "lean_spider_job"
 CREATE_LEAN_TABLE = """
-    CREATE TABLE IF NOT EXISTS lean_spider_job (LIKE spider_job INCLUDING DEFAULTS INCLUDING IDENTITY, PRIMARY KEY (id));
+    CREATE TABLE IF NOT EXISTS lean_spider_job (
+        LIKE spider_job INCLUDING DEFAULTS INCLUDING IDENTITY, PRIMARY KEY (id));
     CREATE INDEX IF NOT EXISTS lean_spider_job_pending_idx ON lean_spider_job (priority DESC, id)
         WHERE status = 'pending'
 """

@@ -18,6 +18,14 @@ depends_on = None
 _VERSIONS = Path(__file__).parent
 CLAIM_ON_DATABASE_CLOCK = runpy.run_path(str(_VERSIONS / "0007_one_clock.py"))["CLAIM_ON_DATABASE_CLOCK"]
 NEXT_DUE_FUNCTION = runpy.run_path(str(_VERSIONS / "0006_claim_function.py"))["NEXT_DUE_FUNCTION"]
+# The promotion of due delayed jobs and the claim of limited spiders are 0007's, unchanged: their text is taken from
+# there, not copied.
+def _between(start: str, end: str) -> str:
+    return CLAIM_ON_DATABASE_CLOCK[CLAIM_ON_DATABASE_CLOCK.index(start):CLAIM_ON_DATABASE_CLOCK.index(end)]
+
+
+PROMOTION = _between("            WITH promoted AS (", "            v_next_due := spider_job_next_due(p_projects);")
+LIMITED_CLAIM = _between("                WITH limits AS MATERIALIZED (", "            $claim$, v_projects) USING")
 
 # store/schema.sql holds it with the reason for each step. What changed from 0007's:
 # - The claim of one project (ISpiderQueue.pop, a node with one project) is first tried as one statement, which
@@ -86,56 +94,12 @@ CLAIM_FUNCTION = """
                    EXISTS (SELECT FROM spider_limit AS l WHERE p_projects IS NULL OR l.project = ANY(p_projects))
             INTO v_next_due, v_limited;
             EXIT WHEN v_round = 2 OR v_next_due IS NULL OR v_next_due > now();
-            WITH promoted AS (
-                UPDATE spider_job AS j SET status = 'pending'
-                WHERE j.id = ANY(ARRAY(
-                    SELECT d.id FROM spider_job AS d
-                    WHERE d.status = 'delayed' AND d.run_at <= now()
-                      AND (p_projects IS NULL OR d.project = ANY(p_projects))
-                    ORDER BY d.run_at
-                    LIMIT 1000
-                    FOR UPDATE SKIP LOCKED))
-                RETURNING j.project
-            ), woken AS (
-                SELECT count(*) AS jobs, pg_notify(p_channel, promoted.project) FROM promoted GROUP BY promoted.project
-            )
-            SELECT coalesce(sum(woken.jobs), 0) INTO v_promoted FROM woken;
-        END LOOP;
+{promotion}        END LOOP;
 
         IF p_limit > v_claimed AND v_limited THEN
             RETURN QUERY EXECUTE format($claim$
-                WITH limits AS MATERIALIZED (
-                    SELECT project, spider, max_running FROM spider_limit WHERE %1$s
-                    FOR UPDATE SKIP LOCKED
-                ), room AS (
-                    SELECT project, spider, max_running - spider_job_running(project, spider) AS free FROM limits
-                ), unlimited_jobs AS (
-                    SELECT id, priority FROM spider_job AS j
-                    WHERE status = 'pending' AND %1$s
-                      AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
-                    ORDER BY priority DESC, id
-                    LIMIT $2
-                    FOR UPDATE SKIP LOCKED
-                ), limited_jobs AS (
-                    SELECT next.id, next.priority FROM room, LATERAL (
-                        SELECT id, priority FROM spider_job
-                        WHERE status = 'pending' AND project = room.project AND spider = room.spider
-                        ORDER BY priority DESC, id
-                        LIMIT greatest(least(room.free, $2), 0)
-                        FOR UPDATE SKIP LOCKED
-                    ) AS next
-                ), next_jobs AS (
-                    SELECT id FROM (SELECT * FROM unlimited_jobs UNION ALL SELECT * FROM limited_jobs) AS candidates
-                    ORDER BY priority DESC, id
-                    LIMIT $2
-                )
-                UPDATE spider_job AS j
-                SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
-                FROM next_jobs WHERE j.id = next_jobs.id
-                RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                          CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
-                          NULL::double precision
-            $claim$, v_projects) USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker;
+{limited_claim}            $claim$, v_projects)
+            USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker;
         ELSIF p_limit > v_claimed AND (v_promoted > 0 OR NOT v_hot) THEN
             RETURN QUERY EXECUTE format($claim$
                 UPDATE spider_job AS j
@@ -153,7 +117,7 @@ CLAIM_FUNCTION = """
                NULL::double precision, v_promoted, CAST(extract(epoch FROM v_next_due - now()) AS double precision);
     END
     $$
-"""
+""".replace("{limited_claim}", LIMITED_CLAIM).replace("{promotion}", PROMOTION)
 
 
 def upgrade() -> None:
