@@ -27,6 +27,7 @@ EXPECTED_SERIES = {
         "seed_lock_table_as_published",
         "scrapyd_sqlite",
         "bare_claim_statement",
+        "lean_claim",
     },
     "depth": {"claim_latency", "reads", "claim_latency_small_project"},
     "churn": {"stages", "during_churn"},
