@@ -1,4 +1,7 @@
-"""The connector: the only module that knows the driver.
+"""The connector: a process's engines, the store's operations on them, and the schema's migration.
+
+The store reaches psycopg2 through this module and the two below it: ``pool.py`` (a fixed pool of connections) and
+``sql.py`` (statements, results, errors). SQLAlchemy and Alembic are imported only when the schema must change.
 
 Scrapyd creates queue and storage objects often (per project, on every deploy, in every crawl subprocess), so
 engines are shared per process and URL, and the schema is migrated once per engine.
@@ -21,18 +24,21 @@ import functools
 import logging
 import os
 import re
-import select
 import threading
 import time
 from importlib.resources import files
 
 import psycopg2
-from sqlalchemy import Engine, create_engine, event, make_url, text
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError, DisconnectionError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.pool import QueuePool
 
+from scrapyd_pgqueue.pool import (  # noqa: F401 - offered here too: the connector's callers know one module
+    STATEMENT_PREFIX,
+    TCP_SETTINGS,
+    TRANSACTION_CONTROL,
+    Connection,
+    Engine,
+    PoolTimeout,
+)
+from scrapyd_pgqueue.sql import DriverError, IntegrityError, Statement, driver_dsn, reads_only, text  # noqa: F401
 from scrapyd_pgqueue.waits import (  # noqa: F401 - offered here too: the connector's callers know one module
     BUSY_SERVER_MESSAGES,
     CONNECT_TIMEOUT,
@@ -43,14 +49,12 @@ from scrapyd_pgqueue.waits import (  # noqa: F401 - offered here too: the connec
     deadline,
     describe,
     first_line,
-    reads_only,
     remaining_time,
     when_served,
 )
 
 log = logging.getLogger(__name__)
 
-STATEMENT_TIMEOUT_MS = 15_000  # no queue statement legitimately runs longer
 DEFAULT_POOL_SIZE = 2  # connections of a node's pool (database_pool_size)
 DEFAULT_TIMEOUT = 30.0  # seconds an operation may wait for the database (database_timeout)
 # Key of the transaction-level advisory lock that serialises migrations between nodes starting together.
@@ -58,24 +62,10 @@ MIGRATION_LOCK_KEY = 0x5C4A_9D0B
 MIGRATION_TIMEOUT = 120.0  # waiting for another node's migration included
 # Alembic's table recording the schema's revision.
 VERSION_TABLE = "scrapyd_pgqueue_version"
-# Timeouts for the server, sent with every statement in the same query string: one round trip, no session state
-# (so PgBouncer's transaction pooling keeps them), and an autocommit statement stays one implicit transaction.
-STATEMENT_PREFIX = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; SET LOCAL lock_timeout = {STATEMENT_TIMEOUT_MS}; "
-TRANSACTION_CONTROL = {"BEGIN", "COMMIT", "ROLLBACK"}  # sent as they are (see transaction())
-# TCP settings of every connection: a dead peer is noticed within seconds when idle (keepalives), and data sent
-# but never acknowledged (a cut path) fails the connection after tcp_user_timeout milliseconds.
-TCP_SETTINGS = {
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 10_000,
-}
 
 _engines: dict[tuple[int, str, str], Engine] = {}
 _migrated: set[tuple[int, str, str]] = set()  # engines whose schema this process has brought to the newest version
 _engines_lock = threading.Lock()
-_timeouts: dict[Engine, float] = {}  # each engine's time allowed for one operation
 
 
 class DatabaseError(RuntimeError):
@@ -90,7 +80,7 @@ class DatabaseError(RuntimeError):
 @contextlib.contextmanager
 def operation(engine: Engine, seconds: float | None = None):
     """One store operation: bounded by the engine's timeout (or ``seconds``), driver errors as DatabaseError."""
-    seconds = _timeouts.get(engine, DEFAULT_TIMEOUT) if seconds is None else seconds
+    seconds = engine.timeout if seconds is None else seconds
     left = remaining_time()
     seconds = seconds if left is None else max(0.0, min(seconds, left))
     with translate_errors(engine.url, seconds), deadline(seconds):
@@ -164,9 +154,8 @@ def autocommit(engine: Engine):
 
 def fetch_all(engine: Engine, statement: str, params: dict, timeouts: bool = True) -> list[tuple]:
     """One statement (psycopg2 placeholders) straight on a pooled connection's cursor, with the timeouts every
-    statement carries (``timeouts=False``: a function call that sets its own): for the claim, the node's hottest
-    call, where SQLAlchemy's execution layer cost more client CPU than the driver itself (about 370 against 200 us a
-    claim)."""
+    statement carries (``timeouts=False``: a function call that sets its own), rows as plain tuples: for the claim,
+    the node's hottest call, where every microsecond of client CPU shows in claims per second."""
     return _on_pooled_cursor(engine, STATEMENT_PREFIX + statement if timeouts else statement, params, fetch=True)
 
 
@@ -177,46 +166,41 @@ def run_outside_transaction(engine: Engine, statement: str) -> None:
 
 
 def _on_pooled_cursor(engine: Engine, statement: str, params: dict | None, fetch: bool) -> list[tuple] | None:
-    """Errors leave as through the engine (DBAPIError); a connection the driver closed is not pooled again."""
-    try:
-        connection = engine.raw_connection()  # unlike engine.connect(), lets the driver's connect errors through
-    except psycopg2.Error as e:
-        raise DBAPIError.instance(None, None, e, psycopg2.Error) from e
+    """Errors leave as any statement's (DriverError); a connection the driver closed is not pooled again."""
+    connection = engine.checkout()
     try:
         with connection.cursor() as cursor:
             count_statement(writes=True)  # the claim, VACUUM
+            for listener in engine.statement_listeners:
+                listener(statement)
             cursor.execute(statement, params)
             return cursor.fetchall() if fetch else None
     except psycopg2.Error as e:
-        if connection.dbapi_connection is None or connection.dbapi_connection.closed:
-            connection.invalidate(e)
-        raise DBAPIError.instance(statement, params, e, psycopg2.Error) from e
+        raise DriverError.wrapping(e, statement, invalidated=bool(connection.closed)) from e
     finally:
-        connection.close()
+        engine.checkin(connection)
 
 
 @contextlib.contextmanager
 def transaction(engine: Engine):
     """A connection for several statements, all or none: an explicit BEGIN ... COMMIT (ROLLBACK on error)."""
     with engine.connect() as connection:
-        connection.exec_driver_sql("BEGIN")
+        connection.control("BEGIN")
         try:
             yield connection
         except BaseException:
-            with contextlib.suppress(DBAPIError):  # a broken connection has rolled back already
-                connection.exec_driver_sql("ROLLBACK")
+            with contextlib.suppress(DriverError):  # a broken connection has rolled back already
+                connection.control("ROLLBACK")
             raise
-        connection.exec_driver_sql("COMMIT")
+        connection.control("COMMIT")
 
 
 # --- engines -------------------------------------------------------------------------------------------------
 
 
-def normalise_url(url: str) -> URL:
-    parsed = make_url(url)
-    if parsed.drivername in ("postgres", "postgresql"):
-        parsed = parsed.set(drivername="postgresql+psycopg2")
-    return parsed
+def normalise_url(url: str) -> str:
+    """The URL as SQLAlchemy takes it, for Alembic (``postgresql+psycopg2://``)."""
+    return "postgresql+psycopg2://" + driver_dsn(url).split("://", 1)[1]
 
 
 def get_engine(
@@ -250,70 +234,14 @@ def get_engine(
 
 
 def _create_engine(url: str, pool_size: int, timeout: float, application_name: str) -> Engine:
-    engine = create_engine(
-        normalise_url(url),
-        poolclass=DeadlinePool,
-        pool_size=pool_size,
-        max_overflow=0,  # the budget is fixed: busy means wait (pool_timeout), never one more connection
-        isolation_level="AUTOCOMMIT",  # see autocommit() and transaction()
-        pool_reset_on_return=None,  # the driver's rollback() of an autocommit connection sends nothing anyway
-        pool_timeout=timeout,
-        connect_args={"application_name": application_name, **TCP_SETTINGS},
-    )
-    _timeouts[engine] = timeout
-    _connect_patiently(engine)
-    _discard_connections_closed_by_the_server(engine)
-    _send_timeouts_with_every_statement(engine)
-    return engine
-
-
-class DeadlinePool(QueuePool):
-    """A wait for a free connection ends at the calling thread's deadline too (``deadline``), not only after
-    ``pool_timeout``: an operation given a second (daemonstatus.json's) must not wait a whole database_timeout
-    behind connections held by operations stuck on a stalled database. (QueuePool reads ``_timeout`` per wait.)"""
-
-    @property
-    def _timeout(self) -> float:
-        left = remaining_time()
-        return self._pool_timeout if left is None else max(0.0, min(self._pool_timeout, left))
-
-    @_timeout.setter
-    def _timeout(self, seconds: float) -> None:
-        self._pool_timeout = seconds
-
-
-def _send_timeouts_with_every_statement(engine: Engine) -> None:
-    @event.listens_for(engine, "before_cursor_execute", retval=True)
-    def with_timeouts(connection, cursor, statement, parameters, context, executemany):
-        if statement != "ROLLBACK":  # undoes, never does: a call that sent nothing else did nothing
-            count_statement(writes=statement not in TRANSACTION_CONTROL and not reads_only(statement))
-        if statement in TRANSACTION_CONTROL:
-            return statement, parameters
-        return STATEMENT_PREFIX + statement, parameters
-
-
-def _discard_connections_closed_by_the_server(engine: Engine) -> None:
-    """Check a pooled connection before use without a round trip: an idle connection has nothing to read, unless
-    the server closed it (a restart, pg_terminate_backend, PgBouncer's idle timeout sent a message and EOF)."""
-
-    @event.listens_for(engine, "checkout")
-    def checked_out(dbapi_connection, record, proxy):
-        if dbapi_connection.closed or select.select([dbapi_connection.fileno()], [], [], 0)[0]:
-            raise DisconnectionError()  # the pool replaces it with a fresh connection
-
-
-def _connect_patiently(engine: Engine) -> None:
-    """Connect within CONNECT_TIMEOUT; a server with no connection to spare is waited for until the deadline."""
-
-    @event.listens_for(engine, "do_connect")
-    def connect(dialect, record, cargs, cparams):
-        return connect_when_served(lambda: dialect.dbapi.connect(*cargs, **cparams), engine.url)
+    # Fixed: busy means wait (up to ``timeout``), never one more connection.
+    return Engine(url, pool_size=pool_size, timeout=timeout, connect_args={"application_name": application_name})
 
 
 class translate_errors:
-    """Turn driver errors into ``DatabaseError`` naming host and port (SQLAlchemy hides the password)."""
+    """Turn driver errors into ``DatabaseError`` naming host and port, never the password."""
 
-    def __init__(self, url: URL, seconds: float | None = None):
+    def __init__(self, url, seconds: float | None = None):
         self.url = url
         self.seconds = seconds  # the operation's time allowed, for the message of a timeout
 
@@ -326,7 +254,7 @@ class translate_errors:
                 f"database at {describe(self.url)}: every connection of this node's pool (database_pool_size) "
                 f"stayed busy for {self.seconds or 0:.3g} s"
             ) from exc
-        if isinstance(exc, DBAPIError):
+        if isinstance(exc, DriverError):
             reason = first_line(exc.orig) if exc.orig else type(exc).__name__
             if isinstance(exc.orig, DatabaseTimeout):
                 reason = f"no answer within {self.seconds or 0:.3g} s"
@@ -357,7 +285,7 @@ REVISION_LINE = re.compile(r"^(revision|down_revision)\s*=\s*(.+)$", re.MULTILIN
 def _schema_revisions(engine: Engine) -> set[str]:
     try:
         return {row[0] for row in fetch_all(engine, SCHEMA_REVISIONS, {})}
-    except DBAPIError as e:
+    except DriverError as e:
         if getattr(e.orig, "pgcode", None) == "42P01":  # undefined_table: a new database
             return set()
         raise
@@ -388,20 +316,50 @@ def migrate(engine: Engine) -> None:
     if current == newest_revisions():
         return
     from alembic import command
+    from sqlalchemy.exc import DBAPIError
 
     config = _alembic_config()
-    # One transaction holding a transaction-level lock (PgBouncer keeps it, unlike a session lock): the other
-    # nodes wait for it, then find the schema current and do nothing.
-    with transaction(engine) as connection:
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-        config.attributes["connection"] = connection
-        try:
+    try:
+        with _alembic_connection(engine) as connection:
+            config.attributes["connection"] = connection
             command.upgrade(config, "head")
-        except DBAPIError as e:
-            if getattr(e.orig, "pgcode", None) != "42501":  # insufficient_privilege
+    except DBAPIError as e:  # Alembic's statements run on SQLAlchemy: their errors leave as any statement's
+        if getattr(e.orig, "pgcode", None) != "42501":  # insufficient_privilege
+            raise DriverError.wrapping(e.orig, str(e.statement), e.connection_invalidated) from e
+        raise DatabaseError(
+            f"database at {describe(engine.url)}: the schema is at revision {sorted(current) or 'none'}, "
+            f"this version of scrapyd_pgqueue needs {sorted(newest_revisions())}, and this database role may not "
+            "change it: run `scrapyd-pgqueue migrate` once as the schema's owner"
+        ) from None
+
+
+@contextlib.contextmanager
+def _alembic_connection(engine: Engine):
+    """A SQLAlchemy connection for Alembic, on a connection of the pool (SQLAlchemy is imported only to migrate),
+    inside one transaction holding a transaction-level lock (PgBouncer keeps it, unlike a session lock): the other
+    nodes wait for it, then find the schema current and do nothing. Its statements carry the timeouts too."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.pool import NullPool
+
+    driver_connection = engine.checkout()
+    try:
+        alembic_engine = create_engine("postgresql+psycopg2://", creator=lambda: driver_connection,
+                                       poolclass=NullPool, isolation_level="AUTOCOMMIT")
+
+        @event.listens_for(alembic_engine, "before_cursor_execute", retval=True)
+        def with_timeouts(connection, cursor, statement, parameters, context, executemany):
+            count_statement(writes=True)
+            return (statement if statement in TRANSACTION_CONTROL else STATEMENT_PREFIX + statement), parameters
+
+        with alembic_engine.connect() as connection:
+            connection.exec_driver_sql("BEGIN")
+            connection.exec_driver_sql("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK_KEY})
+            try:
+                yield connection
+            except BaseException:
+                with contextlib.suppress(Exception):  # a broken connection has rolled back already
+                    connection.exec_driver_sql("ROLLBACK")
                 raise
-            raise DatabaseError(
-                f"database at {describe(engine.url)}: the schema is at revision {sorted(current) or 'none'}, "
-                f"this version of scrapyd_pgqueue needs {sorted(newest_revisions())}, and this database role may not "
-                "change it: run `scrapyd-pgqueue migrate` once as the schema's owner"
-            ) from None
+            connection.exec_driver_sql("COMMIT")
+    finally:
+        engine.checkin(driver_connection)  # closed by NullPool: its slot opens for a new connection

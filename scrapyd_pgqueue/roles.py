@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import psycopg2.extensions
 from psycopg2 import sql
-from sqlalchemy import Engine, text
 
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.pool import Engine
+from scrapyd_pgqueue.sql import text
 
 NODE_PASSWORD_VARIABLE = "SCRAPYD_NODE_PASSWORD"
 TABLE_RIGHTS = "SELECT, INSERT, UPDATE, DELETE"
@@ -105,7 +106,7 @@ def grant_node_role(engine: Engine, role: str, password: str | None = None) -> l
         if located is None:
             raise RoleError(f"database at {db.describe(engine.url)} has no queue schema: run `scrapyd-pgqueue migrate`")
         schema, owner, schema_oid, owner_oid = located
-        raw = connection.connection.dbapi_connection
+        raw = connection.driver_connection
 
         def run(statement: sql.Composable, params=None):
             connection.exec_driver_sql(statement.as_string(raw), params)

@@ -12,17 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import re
 import select
 import threading
 import time
 
 import psycopg2
 import psycopg2.extensions
-from sqlalchemy import make_url
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
 
+from scrapyd_pgqueue.sql import DatabaseAddress, DriverError, address_of
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = logging.getLogger("scrapyd_pgqueue.db")
@@ -94,14 +91,14 @@ def _wait_for_socket(connection) -> None:
 
 psycopg2.extensions.set_wait_callback(_wait_for_socket)
 
-def describe(url: str | URL) -> str:
+def describe(url: str | DatabaseAddress) -> str:
     """Where the database is, for messages: host, port and name, no password."""
-    parsed = make_url(url) if isinstance(url, str) else url
+    parsed = address_of(url) if isinstance(url, str) else url
     return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
 
 
 
-def connect_when_served(connect, url: URL | str):
+def connect_when_served(connect, url: DatabaseAddress | str):
     """``connect()``, retried with a growing, jittered pause while the server says it is full or starting up, until
     this thread's deadline. Logged once a minute with a count, not once per attempt."""
     pause = 0.05
@@ -115,7 +112,7 @@ def connect_when_served(connect, url: URL | str):
         pause = min(pause * 2, 2.0)
 
 
-def when_served(call, url: URL | str):
+def when_served(call, url: DatabaseAddress | str):
     """``call()`` (one operation), called again until this thread's deadline while
 
     - the database or PgBouncer refuses its first statement, which certainly did not run: PgBouncer takes a server
@@ -133,7 +130,7 @@ def when_served(call, url: URL | str):
         sent_before, writes_before = _statements_sent(), _writes_sent()
         try:
             return call()
-        except DBAPIError as e:
+        except DriverError as e:
             sent, wrote = _statements_sent() - sent_before, _writes_sent() - writes_before
             waited = sent <= 1 and _waited_for_refusal(e.orig, url, pause, "refused a statement (it did not run)")
             if not waited and sent == 1 and ENDED_BY_THE_SERVER in first_line(e.orig or e):
@@ -145,19 +142,8 @@ def when_served(call, url: URL | str):
         pause = min(pause * 2, 2.0)
 
 
-# A statement that only reads: repeated after a lost connection (when_served). Deliberately narrow: a SELECT with
-# no row locks, no NOTIFY, no sequence, no advisory lock and no INTO; the claim's function is called through
-# fetch_all, which counts as a write.
-_WRITES_IN_A_SELECT = re.compile(r"\b(FOR\s+(NO\s+KEY\s+)?(UPDATE|SHARE|KEY\s+SHARE)|INTO|pg_notify|nextval|setval|"
-                                 r"pg_advisory\w*)\b", re.IGNORECASE)
-
-
-def reads_only(statement: str) -> bool:
-    return statement.lstrip().upper().startswith("SELECT") and not _WRITES_IN_A_SELECT.search(statement)
-
-
 def _waited_for_refusal(
-    error: BaseException | None, url: URL | str, pause: float, what: str, lost: bool = False
+    error: BaseException | None, url: DatabaseAddress | str, pause: float, what: str, lost: bool = False
 ) -> bool:
     """If ``error`` is a refusal worth waiting for (or ``lost``: any lost connection) and this thread's deadline
     allows: log it, pause, say True."""

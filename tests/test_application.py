@@ -4,7 +4,9 @@ is wrong and which line fixes it; a node open beyond loopback without a password
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -15,10 +17,10 @@ import pytest
 from scrapyd.config import Config
 from scrapyd.utils import initialize_component
 
-from scrapyd_pgqueue import application
-from scrapyd_pgqueue.local.cluster import LocalCluster
+from scrapyd_pgqueue import application, db
+from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
 from scrapyd_pgqueue.runner import OneLineConfig
-from helpers import jobs, runs_of, wait_for
+from helpers import jobs, query, runs_of, wait_for
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # Names a user may have imported before they moved or were renamed: still importable.
@@ -43,6 +45,18 @@ for path in sys.argv[1:]:
             print(path)
 """
 ONE_LINE_NODE = "[scrapyd]\napplication = scrapyd_pgqueue.application\n"
+# Loaded by every interpreter of a node (sitecustomize on its PYTHONPATH): on SIGUSR1, the node's process writes the
+# modules it has imported to MODULES_FILE.
+MODULES_ON_SIGNAL = """
+import os, signal, sys
+
+def _write_modules(signum, frame):
+    with open(os.environ["MODULES_FILE"] + ".part", "w") as file:
+        file.write("\\n".join(sorted(sys.modules)))
+    os.replace(os.environ["MODULES_FILE"] + ".part", os.environ["MODULES_FILE"])
+
+signal.signal(signal.SIGUSR1, _write_modules)
+"""
 # The seed article's form: the shared queue, with Scrapyd's own poller, launcher, job storage and services.
 HALF_NODE = "[scrapyd]\nspiderqueue = scrapyd_pgqueue.PostgresSpiderQueue\n[settings]\nexample = example.settings\n"
 
@@ -109,6 +123,27 @@ def test_a_node_with_one_line_runs_an_egg_deployed_through_addversion(database_u
              "the crawl to finish")
     assert runs_of(tmp_path, "from-egg")[0]["node"] == "node1"
     assert node.get("daemonstatus.json")["cluster"]["nodes"] == 1  # scrapyd_pgqueue's daemonstatus.json
+
+
+def test_an_idle_node_on_a_current_schema_never_imports_sqlalchemy_or_alembic(database_url, start_cluster, tmp_path):
+    """What a node does not use costs it no memory: an idle node (its ticks, claims and listener, the probes'
+    daemonstatus.json, a page of jobs) runs on psycopg2 alone; SQLAlchemy and Alembic are for migrations."""
+    db.get_engine(database_url).dispose()  # current: the node has nothing to migrate
+    hooks, modules = tmp_path / "hooks", tmp_path / "modules.txt"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(MODULES_ON_SIGNAL)
+    env = {"PYTHONPATH": os.pathsep.join([str(hooks), str(EXAMPLE_PROJECT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "MODULES_FILE": str(modules)}
+    (node,) = start_cluster(database_url, 1, env=env).nodes
+    assert node.get("daemonstatus.json")["status"] == "ok"
+    assert node.get("listjobs.json")["status"] == "ok"
+    wait_for(lambda: query(database_url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                                         "AND query LIKE '%%claim_spider_jobs%%'", (db.application_name(node.name),))[0][0],
+             30, "the node's claims")
+    os.kill(node.process.pid, signal.SIGUSR1)
+    imported = set(wait_for(lambda: modules.exists() and modules.read_text().split(), 10, "the module list"))
+    assert {"psycopg2", "scrapyd_pgqueue.store", "scrapyd_pgqueue.node.leases"} <= imported  # the node's own list
+    assert not {name for name in imported if name.split(".")[0] in ("sqlalchemy", "alembic")}
 
 
 def test_a_half_configured_node_warns_at_start_up_with_the_fixing_line(database_url, start_cluster):

@@ -204,16 +204,6 @@ def test_a_statement_the_server_ends_is_sent_again_read_or_write(database_url):
     assert [message["_job"] for message in store.list_pending("p")] == ["before", "ended"]
 
 
-def test_which_statements_only_read():
-    assert db.reads_only("SELECT status FROM spider_job WHERE job = %(job)s")
-    assert db.reads_only("\n    SELECT count(*) FROM spider_job")
-    for writes in ["UPDATE spider_job SET status = 'pending'", "WITH x AS (UPDATE t SET a = 1) SELECT 1",
-                   "SELECT pg_notify('c', 'p')", "SELECT id FROM spider_job FOR UPDATE SKIP LOCKED",
-                   "SELECT id FROM t FOR NO KEY UPDATE", "SELECT nextval('s')", "SELECT * INTO copy FROM t",
-                   "SELECT pg_advisory_xact_lock(1)", "INSERT INTO t VALUES (1)"]:
-        assert not db.reads_only(writes), writes
-
-
 def test_a_stalled_database_is_an_error_within_the_time_allowed_and_leaves_no_ghost_job(stoppable_database):
     url, admin_url, server = stoppable_database
     store = JobStore.for_url(url)

@@ -2,8 +2,8 @@
 
 import datetime
 
-from sqlalchemy import text
-
+from scrapyd_pgqueue import db
+from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.store import JobStore
 from helpers import claim_in_processes
 
@@ -45,7 +45,7 @@ def test_a_recovered_claim_cannot_be_finished_by_its_late_owner(database_url):
     store.enqueue("p", {"name": "s", "_job": "j"})
     [first] = store.claim_next_jobs(None, 1, node="n1", worker="w1").jobs
     # Another node now holds a newer attempt of the same job (as after a lease recovery).
-    with store.engine.begin() as connection:
+    with db.transaction(store.engine) as connection:
         connection.execute(text("UPDATE spider_job SET status = 'pending'"))
     [second] = store.claim_next_jobs(None, 1, node="n2", worker="w2").jobs
     assert second.attempt == first.attempt + 1

@@ -17,7 +17,7 @@ longer than the interval; figures are therefore given per tick (per node), which
 simulator goes, and converted to statements per second at Scrapyd's default 5 s interval.
 
 Counted over a fixed window after a warm-up, in the child:
-- client-side, exactly: every statement SQLAlchemy sends on the package's engine (``before_cursor_execute``; one
+- client-side, exactly: every statement the package's engine sends (its ``statement_listeners``; one
   per ``count()``, one per claim). Each runs in autocommit, with the package's ``SET LOCAL statement_timeout ...;``
   prefix in the same query string: one round trip and one (implicit) transaction on the server, no BEGIN and no
   COMMIT. Nothing else is sent: a pooled connection is checked out without a round trip (the package looks at
@@ -221,8 +221,8 @@ def defer_inline(function):
 class Counter:
     """What this process's engine sends, by kind; called from the reactor thread and the thread pool.
 
-    Statements (``before_cursor_execute``: one per count(), one per claim, each one autocommit transaction on the
-    server) and connections opened (``connect``: each costs the server one transaction). A checkout sends nothing
+    Statements (the engine's ``statement_listeners``: one per count(), one per claim, each one autocommit transaction on the
+    server) and connections opened (``connect_listeners``: each costs the server one transaction). A checkout sends nothing
     (the package checks the pooled connection's socket for readability, no round trip), so there is no ping to
     count.
     """
@@ -235,11 +235,11 @@ class Counter:
         with self.lock:
             self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
 
-    def statement(self, conn, cursor, statement, parameters, context, executemany):
+    def statement(self, statement: str) -> None:
         lowered = statement.lower()
         self.add("count" if "count(*)" in lowered else "claim" if "update spider_job" in lowered else "other")
 
-    def connected(self, dbapi_connection, record):
+    def connected(self, connection) -> None:
         self.add("connect")
 
     def snapshot(self) -> dict[str, int]:
@@ -316,8 +316,6 @@ class Node:
 
 class Simulation:
     def __init__(self, url: str, sizes: Sizes, with_statements: bool, workdir: Path, log):
-        from sqlalchemy import event
-
         from scrapyd_pgqueue import db
 
         self.url, self.sizes, self.with_statements, self.log = url, sizes, with_statements, log
@@ -325,8 +323,8 @@ class Simulation:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.engine = db.get_engine(url)  # the engine every queue and poller of this process uses
         self.counter = Counter()
-        event.listen(self.engine, "before_cursor_execute", self.counter.statement)
-        event.listen(self.engine, "connect", self.counter.connected)
+        self.engine.statement_listeners.append(self.counter.statement)
+        self.engine.connect_listeners.append(self.counter.connected)
         self.random = random.Random(RANDOM_SEED)
 
     def close(self):

@@ -207,11 +207,12 @@ class PostgresLauncher(Launcher):
         known_ids.update(claimed.id for claimed in getattr(self.poller, "claims", {}).copy().values())
         return known_ids
 
-    def learn(self, tick):
-        """Reactor thread: act on what the lease thread's tick learned (``JobStore.node_tick``)."""
+    def learn(self, tick, read_at: float):
+        """Reactor thread: act on what the lease thread's tick learned (``JobStore.node_tick``), which it asked for
+        at ``read_at`` (``time.monotonic()``)."""
         self._log_released(tick.recovered, "was recovered from a node whose lease expired")
         self._log_released(tick.released, "was claimed by this node but its claim's reply was lost")
-        self.events.learn(tick.cancels, tick.eggs)
+        self.events.learn(tick.cancels, tick.eggs, read_at)
         periodic = getattr(self.poller, "periodic", None)
         if periodic is not None:
             periodic.due_in(tick.periodic_due_in)

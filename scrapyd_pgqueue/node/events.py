@@ -10,6 +10,7 @@ Used by ``PostgresLauncher``; runs on the reactor thread except where noted.
 from __future__ import annotations
 
 import json
+import time
 
 from twisted.internet import error, reactor, threads
 from twisted.logger import Logger
@@ -33,8 +34,10 @@ class ClusterEvents:
         self.settings = launcher.settings
         self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
         self.eggs: dict[str, tuple[int, int]] | None = None  # the egg catalogue last seen
+        self.eggs_read_at = float("-inf")  # when the read that saw it was asked for (time.monotonic())
 
     def start(self):
+        self.eggs_read_at = time.monotonic()
         try:
             self.eggs = EggStore.for_settings(self.settings).egg_catalogue()
         except Exception as e:  # noqa: BLE001 - the first heartbeat that reaches the database reads it
@@ -44,8 +47,12 @@ class ClusterEvents:
         if not self.settings.listen_notify:
             return  # the tick's learn() alone
         listener = notifications.listener_for(self.settings)
-        listener.subscribe(CANCEL_CHANNEL, self._cancel_requested, on_reconnect=lambda: reactor.callFromThread(self.check))
-        listener.subscribe(PROJECTS_CHANNEL, lambda project: reactor.callFromThread(self.refresh_projects, [project]))
+        listener.subscribe(CANCEL_CHANNEL, self._cancel_requested, on_reconnect=self._check_soon)
+        listener.subscribe(PROJECTS_CHANNEL, self._check_soon)  # a deploy or delete: the catalogue as it is now
+
+    def _check_soon(self, *_payload):
+        """Listener thread: have the reactor ``check()``."""
+        reactor.callFromThread(self.check)
 
     def _cancel_requested(self, payload):
         """Listener thread: hand a cancel request for one of this node's crawls to the reactor."""
@@ -53,19 +60,20 @@ class ClusterEvents:
         if request.worker == pgconfig.WORKER_ID:
             reactor.callFromThread(self.deliver_cancels, [request])
 
-    def learn(self, cancels, eggs):
-        """Reactor thread: the cancel requests and egg catalogue the node's tick read (the floor under NOTIFY);
-        ``eggs`` None: not read this time."""
+    def learn(self, cancels, eggs, read_at: float):
+        """Reactor thread: the cancel requests and egg catalogue the node's tick read (the floor under NOTIFY),
+        asked for at ``read_at`` (``time.monotonic()``); ``eggs`` None: not read this time."""
         if eggs is None:
             self.deliver_cancels(cancels)
         else:
-            self._apply_state((cancels, eggs))
+            self._apply_state((cancels, eggs), read_at)
 
     def check(self):
-        """Read what the tick reads, now (after the listener reconnects, when NOTIFYs may have been lost)."""
+        """Read what the tick reads, now: after a deploy or delete anywhere, and after the listener reconnects (when
+        NOTIFYs may have been lost)."""
         return (
             threads.deferToThread(self._read_state)
-            .addCallback(self._apply_state)
+            .addCallback(self._apply_state, time.monotonic())
             .addErrback(lambda failure: self.trouble.report(
                 f"Reading cancel requests and eggs failed: {failure.getErrorMessage()}", key="check"))
         )
@@ -74,16 +82,18 @@ class ClusterEvents:
         cancels = AllJobsStore.for_settings(self.settings).requested_cancels(pgconfig.WORKER_ID)
         return cancels, EggStore.for_settings(self.settings).egg_catalogue()
 
-    def _apply_state(self, state):
+    def _apply_state(self, state, read_at: float):
         self.trouble.clear("check")
         cancels, eggs = state
         self.deliver_cancels(cancels)
+        if read_at < self.eggs_read_at:
+            return  # a tick asked before the catalogue already applied: it would undo a change, then see it again
         seen = self.eggs if self.eggs is not None else {}  # never read: whatever exists may be new here
         changed = sorted(project for project in eggs.keys() | seen.keys() if eggs.get(project) != seen.get(project))
         if self.eggs is None or changed:
-            if not self.refresh_projects(changed):
+            if not self.refresh_projects(changed, read_at):
                 return  # keep the old catalogue: the next heartbeat tries again
-        self.eggs = eggs
+        self.eggs, self.eggs_read_at = eggs, read_at
 
     def deliver_cancels(self, requests):
         """Signal this node's crawls once per cancel request not delivered yet (a second cancel.json forces). A
@@ -119,10 +129,11 @@ class ClusterEvents:
             return
         process.cancel_signal = signal
 
-    def refresh_projects(self, projects) -> bool:
-        """Learn deployed or deleted eggs: poller and scheduler rebuild their queues (schedule.json and
-        listprojects.json read them), the cached spider lists of those projects are dropped, and so are the cached
-        egg files of deleted eggs."""
+    def refresh_projects(self, projects, read_at: float) -> bool:
+        """Learn deployed or deleted eggs, seen in a read asked for at ``read_at`` (``time.monotonic()``): poller
+        and scheduler rebuild their queues (schedule.json and listprojects.json read them), the cached spider lists of
+        those projects are dropped, and so are the cached egg files of deleted eggs. Warm processes started before
+        the read are retired; one started after it imported the eggs the read saw, or newer ones."""
         try:
             self.launcher.poller.update_projects()
             self.launcher.app.getComponent(ISpiderScheduler).update_projects()
@@ -132,7 +143,7 @@ class ClusterEvents:
         for project in projects:
             spider_list.delete(project)
         if self.launcher.warm is not None:
-            self.launcher.warm.retire_projects(projects)  # no crawl forks from code imported before the change
+            self.launcher.warm.retire_projects(projects, started_before=read_at)  # no fork from code older than that
         self.prune_egg_cache()
         return True
 

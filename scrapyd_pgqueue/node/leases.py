@@ -100,7 +100,7 @@ class LeaseKeeper(threading.Thread):
             )
         now = time.monotonic()
         self.renewed_at = started
-        reactor.callFromThread(launcher.learn, tick)
+        reactor.callFromThread(launcher.learn, tick, started)
         if now - started > settings.heartbeat_interval:  # not prompt: the database stalled
             self.healthy_since = None
             return

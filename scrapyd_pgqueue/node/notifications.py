@@ -99,13 +99,11 @@ class Listener(threading.Thread):
                     connection.close()
 
     def _connect(self):
-        url = db.normalise_url(self.url)
         connection = db.connect_when_served(
             lambda: psycopg2.connect(
-                host=url.host, port=url.port or 5432, user=url.username, password=url.password,
-                dbname=url.database, application_name=self.application_name, **db.TCP_SETTINGS, **url.query,
+                db.driver_dsn(self.url), application_name=self.application_name, **db.TCP_SETTINGS,
             ),
-            url,
+            self.url,
         )
         connection.autocommit = True
         return connection

@@ -281,10 +281,12 @@ class WarmStarts:
         if self.warm.get(warm.key) is warm:
             del self.warm[warm.key]
 
-    def retire_projects(self, projects) -> None:
-        """Their eggs changed: no crawl may fork from code imported before."""
+    def retire_projects(self, projects, started_before: float) -> None:
+        """Their eggs changed: no crawl may fork from code imported before (by the warm processes started before
+        ``started_before``, ``time.monotonic()``, when the change was known to be committed)."""
         projects = set(projects)
-        for key in [key for key in self.warm if key[0] in projects]:
+        stale = [key for key, warm in self.warm.items() if key[0] in projects and warm.spawned_at < started_before]
+        for key in stale:
             self.warm.pop(key).retire()
         for key in [key for key in self.cold_reasons if key[0] in projects]:
             del self.cold_reasons[key]

@@ -10,9 +10,8 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     IN_TIME,
@@ -263,7 +262,7 @@ class AllJobsStore(StorePerEngine, OperatorQueries, TreeQueries):
         """Up to ``limit`` pending jobs from ``offset`` in claim order, and whether more follow."""
         params = {"project": project, "limit": limit + 1, "offset": offset}
         with db.autocommit(self.engine) as connection:
-            rows = [PendingJob(**row._mapping) for row in connection.execute(PENDING_PAGE, params)]
+            rows = [PendingJob(**row._asdict()) for row in connection.execute(PENDING_PAGE, params)]
         return rows[:limit], len(rows) > limit
 
     @database_errors
@@ -274,7 +273,7 @@ class AllJobsStore(StorePerEngine, OperatorQueries, TreeQueries):
     def finished_jobs(self, project: str | None, limit: int) -> list[FinishedJobRow]:
         with db.autocommit(self.engine) as connection:
             rows = connection.execute(FINISHED_JOBS, {"project": project, "limit": limit})
-            return [FinishedJobRow(**row._mapping) for row in rows]
+            return [FinishedJobRow(**row._asdict()) for row in rows]
 
     @database_errors
     def cluster_counts(self, lease_seconds: float, past_due_seconds: float = 60.0) -> ClusterCounts:

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.pool import Engine
+from scrapyd_pgqueue.sql import text
 
 # Channel of the NOTIFY sent with every enqueue; the payload is the project.
 NOTIFY_CHANNEL = "scrapyd_pgqueue_jobs"
@@ -154,7 +154,7 @@ def local_time(moment: datetime.datetime | None) -> datetime.datetime | None:
 def read_rows(engine: Engine, row_class, query, params: dict[str, Any] | None = None) -> list:
     """Run a read-only ``query`` alone (autocommit) and give each row as ``row_class`` (a dataclass of its columns)."""
     with db.autocommit(engine) as connection:
-        return [row_class(**row._mapping) for row in connection.execute(query, params or {})]
+        return [row_class(**row._asdict()) for row in connection.execute(query, params or {})]
 
 
 def database_errors(method):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
-from sqlalchemy import text
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, StorePerEngine, database_errors
 
 # --- eggs ---

@@ -9,10 +9,8 @@ import math
 import uuid
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     ERROR,
     NO_OPTIONS,

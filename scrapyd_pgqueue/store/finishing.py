@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import datetime
 
-from sqlalchemy import Engine, text
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.pool import Engine
+from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.statuses import FINISHED
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,

@@ -24,9 +24,9 @@ import logging
 import threading
 import time
 
-from sqlalchemy import Engine, text
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.pool import Engine
+from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)

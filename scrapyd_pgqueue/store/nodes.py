@@ -9,12 +9,17 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, text
-from sqlalchemy.exc import DBAPIError
-
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store.base import KEY_UNLESS_TAKEN, NOTIFY_CHANNEL, ClaimedJob, database_errors, on_database_clock
+from scrapyd_pgqueue.pool import Engine
+from scrapyd_pgqueue.sql import DriverError, text
 from scrapyd_pgqueue.store.all_jobs import CancelRequest
+from scrapyd_pgqueue.store.base import (
+    KEY_UNLESS_TAKEN,
+    NOTIFY_CHANNEL,
+    ClaimedJob,
+    database_errors,
+    on_database_clock,
+)
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,7 @@ class NodeLeases:
             with db.autocommit(self.engine) as connection:
                 sent = time.time()
                 row = connection.execute(NODE_TICK, params).one()
-        except DBAPIError as e:
+        except DriverError as e:
             if getattr(e.orig, "pgcode", None) != LOCK_NOT_AVAILABLE:
                 raise
             # A table the tick reads is locked (a migration, an operator's lock): the lease alone, news next time.
@@ -299,4 +304,4 @@ class NodeLeases:
             return []
         params = {"ids": [c.id for c in claims], "attempts": [c.attempt for c in claims], "worker": worker}
         with db.autocommit(self.engine) as connection:
-            return [TakenOverJob(**row._mapping) for row in connection.execute(CLAIMS_TAKEN_OVER, params)]
+            return [TakenOverJob(**row._asdict()) for row in connection.execute(CLAIMS_TAKEN_OVER, params)]

@@ -6,13 +6,12 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
-from sqlalchemy.exc import IntegrityError
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.pool import Engine
+from scrapyd_pgqueue.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
-    KEY_UNLESS_TAKEN,
     JOB_STATUS,
+    KEY_UNLESS_TAKEN,
     NOTIFY_CHANNEL,
     DuplicateJobError,
     JobNotFoundError,
@@ -165,13 +164,13 @@ class OperatorQueries:
     @database_errors
     def pending_by_spider(self) -> list[dict[str, Any]]:
         with db.autocommit(self.engine) as connection:
-            return [dict(row._mapping) for row in connection.execute(PENDING_AND_OLDEST_BY_SPIDER)]
+            return [row._asdict() for row in connection.execute(PENDING_AND_OLDEST_BY_SPIDER)]
 
     @database_errors
     def counts_by_spider(self, past_due_seconds: float = 60.0) -> list[dict[str, Any]]:
         with db.autocommit(self.engine) as connection:
             rows = connection.execute(COUNTS_BY_SPIDER, {"past_due": float(past_due_seconds)})
-            return [dict(row._mapping) for row in rows]
+            return [row._asdict() for row in rows]
 
     @database_errors
     def requeue_dead(self, project: str | None = None, spider: str | None = None) -> list[tuple[str, str]]:

@@ -15,10 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
-
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.sql import IntegrityError, text
 from scrapyd_pgqueue.store import enqueue
 from scrapyd_pgqueue.store.base import (
     NOTIFY_CHANNEL,
@@ -29,7 +27,12 @@ from scrapyd_pgqueue.store.base import (
     encode_message,
     read_rows,
 )
-from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
+from scrapyd_pgqueue.store.timing import (
+    InvalidScheduleError,
+    Timing,
+    check_timing,
+    first_due_after,
+)
 
 # Channel of the NOTIFY sent when a periodic job is added, changed or resumed: nodes recompute when to wake up.
 PERIODIC_CHANNEL = "scrapyd_pgqueue_periodic"

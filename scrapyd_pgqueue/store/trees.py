@@ -12,10 +12,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, text
-
 from scrapyd_pgqueue import db
-from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, IN_TIME, Enqueued, InvalidJobError, JobRow, database_errors
+from scrapyd_pgqueue.pool import Engine
+from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store.base import (
+    CANCEL_CHANNEL,
+    IN_TIME,
+    Enqueued,
+    InvalidJobError,
+    JobRow,
+    database_errors,
+)
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -307,7 +314,7 @@ class TreeQueries:
             params = {"tree_id": found.tree_id, "limit": failures}
             tree = connection.execute(TREE, params).first()
             groups = connection.execute(TREE_JOBS, params).all()
-            failed = [JobRow(**row._mapping) for row in connection.execute(TREE_FAILURES, params)]
+            failed = [JobRow(**row._asdict()) for row in connection.execute(TREE_FAILURES, params)]
         by_state, by_outcome = {}, {}
         for group in groups:
             state = SCRAPYD_STATES[group.status]
