@@ -339,12 +339,14 @@ def _alembic_connection(engine: Engine):
     inside one transaction holding a transaction-level lock (PgBouncer keeps it, unlike a session lock): the other
     nodes wait for it, then find the schema current and do nothing. Its statements carry the timeouts too."""
     from sqlalchemy import create_engine, event
-    from sqlalchemy.pool import NullPool
+    from sqlalchemy.pool import StaticPool
 
     driver_connection = engine.checkout()
     try:
+        # StaticPool keeps the connection open when Alembic is done with it: it goes back to the pool, so a node
+        # that migrated holds no more connections, even for a moment, than its pool's size.
         alembic_engine = create_engine("postgresql+psycopg2://", creator=lambda: driver_connection,
-                                       poolclass=NullPool, isolation_level="AUTOCOMMIT")
+                                       poolclass=StaticPool, pool_reset_on_return=None, isolation_level="AUTOCOMMIT")
 
         @event.listens_for(alembic_engine, "before_cursor_execute", retval=True)
         def with_timeouts(connection, cursor, statement, parameters, context, executemany):
@@ -362,4 +364,4 @@ def _alembic_connection(engine: Engine):
                 raise
             connection.exec_driver_sql("COMMIT")
     finally:
-        engine.checkin(driver_connection)  # closed by NullPool: its slot opens for a new connection
+        engine.checkin(driver_connection)  # closed instead if the migration left it broken

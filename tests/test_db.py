@@ -69,6 +69,16 @@ def test_ten_nodes_starting_at_once_create_the_schema_once(database_url, admin_c
         assert cursor.fetchone()[0] == 1
 
 
+def test_the_connection_that_migrated_is_kept_in_the_pool_and_lent_again(database_url, admin_connection):
+    """Migrating costs no connection beyond the pool's: a node's budget holds from its first statement on."""
+    engine = db.get_engine(database_url)  # a new database: the schema is created on a connection of the pool
+    [(migrated_on,)] = query(database_url, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                           "AND application_name = 'scrapyd-pgqueue'")
+    with engine.connect() as connection:
+        assert connection.execute("SELECT pg_backend_pid()").scalar_one() == migrated_on
+    assert connections_to(admin_connection) == 1
+
+
 def newest_schema_version():
     from alembic.script import ScriptDirectory
 
