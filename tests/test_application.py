@@ -125,9 +125,10 @@ def test_a_node_with_one_line_runs_an_egg_deployed_through_addversion(database_u
     assert node.get("daemonstatus.json")["cluster"]["nodes"] == 1  # scrapyd_pgqueue's daemonstatus.json
 
 
-def test_an_idle_node_on_a_current_schema_never_imports_sqlalchemy_or_alembic(database_url, start_cluster, tmp_path):
+def test_an_idle_node_imports_no_sqlalchemy_alembic_or_prometheus_client(database_url, start_cluster, tmp_path):
     """What a node does not use costs it no memory: an idle node (its ticks, claims and listener, the probes'
-    daemonstatus.json, a page of jobs) runs on psycopg2 alone; SQLAlchemy and Alembic are for migrations."""
+    daemonstatus.json, a page of jobs) runs on psycopg2 alone; SQLAlchemy and Alembic are for migrations, and
+    prometheus_client for the first count or scrape of /metrics."""
     db.get_engine(database_url).dispose()  # current: the node has nothing to migrate
     hooks, modules = tmp_path / "hooks", tmp_path / "modules.txt"
     hooks.mkdir()
@@ -143,7 +144,7 @@ def test_an_idle_node_on_a_current_schema_never_imports_sqlalchemy_or_alembic(da
     os.kill(node.process.pid, signal.SIGUSR1)
     imported = set(wait_for(lambda: modules.exists() and modules.read_text().split(), 10, "the module list"))
     assert {"psycopg2", "scrapyd_pgqueue.store", "scrapyd_pgqueue.node.leases"} <= imported  # the node's own list
-    assert not {name for name in imported if name.split(".")[0] in ("sqlalchemy", "alembic")}
+    assert not {name for name in imported if name.split(".")[0] in ("sqlalchemy", "alembic", "prometheus_client")}
 
 
 def test_a_half_configured_node_warns_at_start_up_with_the_fixing_line(database_url, start_cluster):

@@ -1,42 +1,66 @@
 """This node's own counters and histograms, exported by ``/metrics`` (``web/prometheus.py``) with the cluster's gauges.
 
-The poller and launcher count through one-line hooks (``metrics.CLAIMS.inc(n)``). No per-job labels: a label's
+The poller and launcher count through one-line hooks (``metrics.CLAIMS.inc(n)``). No per-job label: a label's
 values are a bounded set (outcomes, operations). The node's registry is its own, so a test process that builds
 several nodes' components does not collide with the default registry.
+
+The metrics are built, and prometheus_client imported, when the node first counts something or is first scraped:
+an idle node that nobody scrapes does not carry the library (about 1 MB of an idle node's memory).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+import threading
 
-disable_created_metrics()  # no *_created series: they double the exposition and no panel reads them
+_NAMES = ("REGISTRY", "CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS")
+_building = threading.Lock()  # the reactor and the web threads may count first at the same moment
 
-REGISTRY = CollectorRegistry(auto_describe=True)
 
-CLAIMS = Counter("scrapyd_pgqueue_claims", "Jobs this node claimed from the queue.", registry=REGISTRY)
-CRAWLS_STARTED = Counter("scrapyd_pgqueue_crawls_started", "Crawl processes this node started.", registry=REGISTRY)
-CRAWLS_ENDED = Counter(
-    "scrapyd_pgqueue_crawls_ended", "Crawls this node ran that ended, by outcome (finished, failed, cancelled).",
-    ["outcome"], registry=REGISTRY,
-)
-SCHEDULE_TO_START = Histogram(
-    "scrapyd_pgqueue_schedule_to_start_seconds",
-    "Seconds from when a job was due (its scheduling, or its _run_at) to its claim by this node (database clock).",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
-    registry=REGISTRY,
-)
-DATABASE_ERRORS = Counter(
-    "scrapyd_pgqueue_database_errors", "Database operations of this node that failed, by operation.",
-    ["operation"], registry=REGISTRY,
-)
-for _outcome in ("finished", "failed", "cancelled"):
-    CRAWLS_ENDED.labels(_outcome)  # exported at 0 from the start: rate() sees the first increase
-for _operation in ("claim", "record", "start", "web"):
-    DATABASE_ERRORS.labels(_operation)
+def __getattr__(name: str):
+    """``metrics.CLAIMS`` and the others (PEP 562): built together on first use, plain module globals after."""
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _building:
+        if "REGISTRY" not in globals():
+            globals().update(_build())
+    return globals()[name]
+
+
+def _build() -> dict:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+
+    disable_created_metrics()  # no *_created series: they double the exposition and no panel reads them
+    registry = CollectorRegistry(auto_describe=True)
+    built = {
+        "REGISTRY": registry,
+        "CLAIMS": Counter("scrapyd_pgqueue_claims", "Jobs this node claimed from the queue.", registry=registry),
+        "CRAWLS_STARTED": Counter("scrapyd_pgqueue_crawls_started", "Crawl processes this node started.",
+                                  registry=registry),
+        "CRAWLS_ENDED": Counter(
+            "scrapyd_pgqueue_crawls_ended", "Crawls this node ran that ended, by outcome (finished, failed, cancelled).",
+            ["outcome"], registry=registry,
+        ),
+        "SCHEDULE_TO_START": Histogram(
+            "scrapyd_pgqueue_schedule_to_start_seconds",
+            "Seconds from when a job was due (its scheduling, or its _run_at) to its claim by this node (database "
+            "clock).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+            registry=registry,
+        ),
+        "DATABASE_ERRORS": Counter(
+            "scrapyd_pgqueue_database_errors", "Database operations of this node that failed, by operation.",
+            ["operation"], registry=registry,
+        ),
+    }
+    for outcome in ("finished", "failed", "cancelled"):
+        built["CRAWLS_ENDED"].labels(outcome)  # exported at 0 from the start: rate() sees the first increase
+    for operation in ("claim", "record", "start", "web"):
+        built["DATABASE_ERRORS"].labels(operation)
+    return built
 
 
 def crawl_started(claimed) -> None:
     """Launcher hook: count the crawl, and observe how long its job waited since it was due (from the claim)."""
-    CRAWLS_STARTED.inc()
+    __getattr__("CRAWLS_STARTED").inc()
     if claimed is not None and claimed.waited is not None:  # None: not from the queue (another poller)
-        SCHEDULE_TO_START.observe(max(0.0, claimed.waited))
+        __getattr__("SCHEDULE_TO_START").observe(max(0.0, claimed.waited))

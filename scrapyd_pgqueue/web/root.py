@@ -9,7 +9,6 @@ from scrapyd.website import Root as ScrapydRoot
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.web.dashboard import DashboardPage
 from scrapyd_pgqueue.web.jobs import JobsPage
-from scrapyd_pgqueue.web.prometheus import MetricsPage
 
 
 class Root(ScrapydRoot):
@@ -19,7 +18,14 @@ class Root(ScrapydRoot):
         self.putChild(b"", Home(self))
         self.putChild(b"jobs", JobsPage(self))
         self.putChild(b"dashboard", DashboardPage(self))
-        self.putChild(b"metrics", MetricsPage(self))
+
+    def getChild(self, path, request):
+        if path == b"metrics":  # built on the first scrape, with prometheus_client (see node/metrics.py)
+            from scrapyd_pgqueue.web.prometheus import MetricsPage
+
+            self.putChild(b"metrics", MetricsPage(self))
+            return self.children[b"metrics"]
+        return super().getChild(path, request)
 
 
 class Home(ScrapydHome):
