@@ -164,8 +164,9 @@ def test_a_limited_spider_never_overlaps_beyond_its_limit_while_others_fill_the_
     cluster = start_cluster(url, 3, max_proc="4")  # 12 slots
     assert cli.main(["limit", "set", "example", "sleeper", "2", "--database-url", admin_url]) == 0
     # The limited spider's jobs rank first; quotes (three pages 3 s apart: few crawl start-ups to share the two
-    # cores with) fill every other slot meanwhile.
-    sleepers = [{"spider": "sleeper", "priority": 10, "jobid": f"s{i}", "args": {"seconds": "2"}} for i in range(6)]
+    # cores with) fill every other slot meanwhile. Three waves of 4 s sleepers: a window long beside a quotes crawl
+    # (6 s and more), so the quotes crawls that start within it are counted in tens even when the cores are busy.
+    sleepers = [{"spider": "sleeper", "priority": 10, "jobid": f"s{i}", "args": {"seconds": "4"}} for i in range(6)]
     quotes = [{"spider": "quotes", "jobid": f"q{i}", "settings": {"DOWNLOAD_DELAY": "3",
                                                                   "RANDOMIZE_DOWNLOAD_DELAY": "False"}}
               for i in range(40)]
