@@ -7,8 +7,8 @@ planned for each call, and migration 0007's claim function (before the hot path)
 Without --url it runs on a throwaway server with the throughput suite's settings (the package's local Postgres:
 fsync and synchronous_commit off, so the claims compare on CPU, not on WAL flushes). A database given must be empty.
 It is migrated, filled and refilled; autovacuum is off for its tables, so that a run never pays for the run before
-it (each fill ends with VACUUM ANALYZE). The variants are created beside the store's
-function and table from their own definitions:
+it (each fill ends with VACUUM ANALYZE). The variants are created beside the store's function and table from their
+own definitions, again on each run:
 - ``claim_planned_per_call`` is the store's function without its ``plan_cache_mode``; ``claim_0007`` is migration
   0007's (with 0006's ``spider_job_next_due``, which it reads first);
 - the copies of ``spider_job`` (``TABLE_DESIGNS``) keep its columns and change only its indexes;
@@ -20,6 +20,7 @@ Prints claims per second per case and round, the median of each case against the
 
 from __future__ import annotations
 
+import argparse
 import runpy
 import statistics
 import sys
@@ -38,6 +39,7 @@ LIVE = "('delayed', 'pending', 'ongoing')"
 
 # Copies of spider_job that differ only in the indexes that a claimed ('ongoing') row gets an entry in: the queue
 # has five (primary key, spider_job_live_job_key, spider_job_job_idx and the two ongoing indexes), the lean table one.
+# The copied indexes carry the names Postgres gives them (table, columns, "idx").
 TABLE_DESIGNS = {
     # Every feature kept, in the fewest entries: the live job key doubles as the job index of live jobs (job first),
     # finished jobs have their own job index, and one ongoing index serves leases (by worker) and limits (a scan of
@@ -72,6 +74,7 @@ CREATE_SPLIT = """
     CREATE INDEX ON claim_split_running (worker);
     CREATE INDEX ON claim_split_running (project, spider)
 """
+SPLIT_TABLES = ("claim_split_job", "claim_split_waiting", "claim_split_running")
 FILL_SPLIT = """
     TRUNCATE claim_split_waiting, claim_split_running;
     INSERT INTO claim_split_waiting SELECT id, project, spider, priority FROM claim_split_job;
@@ -111,6 +114,7 @@ def variants(cursor) -> list[str]:
 
 def create_tables(cursor) -> None:
     """The table designs (copies of spider_job with their own indexes) and the split; autovacuum off throughout."""
+    cursor.execute(f"DROP TABLE IF EXISTS {', '.join([*TABLE_DESIGNS, *SPLIT_TABLES])}")
     for table, changes in TABLE_DESIGNS.items():
         cursor.execute(f"CREATE TABLE {table} (LIKE spider_job INCLUDING ALL)")
         for change in changes:
@@ -180,15 +184,16 @@ def explain(cursor, statement: str) -> dict:
 
 
 def run(argv: list[str]) -> None:
-    url = argv[argv.index("--url") + 1] if "--url" in argv else None
-    rest = [arg for arg in argv if arg not in ("--url", url)]
-    rounds = int(rest[0]) if rest else 2
-    if url is not None:
-        main(url, rounds)
+    parser = argparse.ArgumentParser(prog="python -m bench.claim_steps", description="The claim's server cost.")
+    parser.add_argument("rounds", type=int, nargs="?", default=2)
+    parser.add_argument("--url", help="an empty database (default: a throwaway server)")
+    arguments = parser.parse_args(argv)
+    if arguments.url is not None:
+        main(arguments.url, arguments.rounds)
         return
     server = devdb.throwaway_postgres()
     try:
-        main(server.url, rounds)
+        main(server.url, arguments.rounds)
     finally:
         server.remove()
 
