@@ -180,8 +180,10 @@ def application(config):
     from twisted.logger import Logger
 
     from scrapyd_pgqueue import config as pgconfig, db, roles
+    from scrapyd_pgqueue.node import crawl_keys, spider_list
     from scrapyd_pgqueue.request_limits import bound_request_bodies
 
+    crawl_keys.make_not_dumpable()  # crawls run as this user: they must not read its environment or memory
     refusal = open_to_the_network(config)
     if refusal:
         raise pgconfig.ConfigurationError(refusal)
@@ -193,6 +195,7 @@ def application(config):
     roles.warn_if_privileged(db.engine_for_settings(settings))
     app = scrapyd_application(config)
     bound_request_bodies(app, settings)
+    spider_list.install(app, crawl_keys.node_secrets(config, settings))
     return app
 
 

@@ -16,12 +16,11 @@ itself (it joins the crawl's tree: see the README's "Crawl trees")::
             schedule("report", {"day": "today"})  # one job now; returns its job id
 
 The parent is the running crawl: Scrapyd gives it its job id as the spider argument ``_job`` (and the node's
-launcher as ``SCRAPY_JOB``), and its project as ``SCRAPY_PROJECT``. The database is the node's
-(``SCRAPYD_PGQUEUE_DATABASE_URL``, set by the node's launcher for its crawls; through PgBouncer when the node's
-``database_url`` is PgBouncer). A crawl opens one connection, at its first schedule, and keeps it until it ends.
+launcher as ``SCRAPY_JOB``). A crawl holds no database URL: it asks the node that runs it, over the node's Unix socket
+(``SCRAPYD_PGQUEUE_NODE_ADDRESS``), with a token of its own job (``SCRAPYD_PGQUEUE_CRAWL_TOKEN``) that dies with it.
+The node decides the project (the crawl's own) and refuses a parent outside the crawl's tree (``node/crawl_api.py``).
 
-Nothing here imports SQLAlchemy, the store or Twisted when the module is imported: a crawl that never schedules
-pays nothing, and one that does pays for the imports at its first schedule.
+Only the standard library is imported here, and nothing of Twisted's reactor: a crawl pays nothing to import it.
 """
 
 from __future__ import annotations
@@ -30,43 +29,34 @@ import dataclasses
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Set by the node's launcher in every crawl's environment (never logged): where the shared queue is.
-DATABASE_URL_VARIABLE = "SCRAPYD_PGQUEUE_DATABASE_URL"
-# The node's own variable, which its crawls inherit when the node was given its URL that way.
-NODE_DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
 # The crawl's job id and project, as Scrapyd's environment and the node's launcher give them.
 JOB_VARIABLE = "SCRAPY_JOB"
 PROJECT_VARIABLE = "SCRAPY_PROJECT"
 # The egg version the crawl runs, when its job was pinned to one (Scrapyd sets it): children run the same.
 VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
-# The node's default_retries, for follow-ups that give no retries (as schedule.json applies it).
-DEFAULT_RETRIES_VARIABLE = "SCRAPYD_PGQUEUE_DEFAULT_RETRIES"
-# The node's tree_max_jobs: the cap on the crawl's tree, as schedule.json applies it.
-TREE_MAX_JOBS_VARIABLE = "SCRAPYD_PGQUEUE_TREE_MAX_JOBS"
-# FollowUpPipeline's batch: follow-ups stored per statement (the setting FOLLOW_UP_BATCH_SIZE changes it).
+# Set by the node's launcher in every crawl's environment (never logged): where its node listens, and the crawl's
+# own token (its job's scope, valid while the crawl runs).
+NODE_ADDRESS_VARIABLE = "SCRAPYD_PGQUEUE_NODE_ADDRESS"
+TOKEN_VARIABLE = "SCRAPYD_PGQUEUE_CRAWL_TOKEN"
+# FollowUpPipeline's batch: follow-ups stored per request (the setting FOLLOW_UP_BATCH_SIZE changes it).
 BATCH_SIZE = 500
-# Connections a crawl holds: one, opened at its first schedule.
-POOL_SIZE = 1
-
-
-def crawl_environment(job: str, settings) -> dict[str, str]:
-    """Node side: what the launcher adds to a crawl's environment for this module (the URL holds the password:
-    it goes to the crawl's environment only, never to a log line)."""
-    return {
-        JOB_VARIABLE: job,
-        DATABASE_URL_VARIABLE: settings.database_url,
-        DEFAULT_RETRIES_VARIABLE: str(settings.default_retries),
-        TREE_MAX_JOBS_VARIABLE: str(settings.tree_max_jobs),
-    }
+# Seconds a request waits for its node; the node bounds its database work by its database_timeout.
+NODE_TIMEOUT = 300.0
 
 
 class NotInACrawlError(RuntimeError):
-    """The parent job, its project or the database is unknown: not a crawl started by a node of the cluster."""
+    """The parent job or the node is unknown, or the node knows no such crawl: not a crawl started by a node of the
+    cluster (or one that has ended)."""
+
+
+class NodeUnavailableError(RuntimeError):
+    """The node or its database did not answer: nothing was stored, the same jobs may be sent again."""
 
 
 @dataclasses.dataclass
@@ -134,16 +124,16 @@ def schedule_many(follow_ups: Iterable[FollowUp], *, parent: str | None = None) 
 
 
 class FollowUpPipeline:
-    """An item pipeline: ``FollowUp`` items are checked at once, buffered, stored ``FOLLOW_UP_BATCH_SIZE`` (500) at a
+    """An item pipeline: ``FollowUp`` items are checked at once (a spider of the project), buffered, stored ``FOLLOW_UP_BATCH_SIZE`` (500) at a
     time and when the spider closes, and dropped from the item stream; other items pass through.
 
     Batches are stored off the reactor thread, and a full buffer holds the next follow-up until its batch is stored,
     so memory stays bounded. A tree key this crawl scheduled already (or twice in a batch) costs no row. The spider's
     close waits for the last batch, so the children are stored before the crawl ends: its tree cannot be done
-    without them. A follow-up the database refuses (its job id already live, its ``on_conflict="error"`` key held)
-    loses only itself: logged as an error with the reason, counted in ``followup/refused`` (as are follow-ups
-    refused at once), its key not taken as scheduled; the rest of its batch is stored. A batch the database could
-    not take for a while (it was away) stays buffered and goes with the next one; one still unstored when the
+    without them. A follow-up the node refuses (its own checks, its job id already live, its ``on_conflict="error"``
+    key held) loses only itself: logged as an error with the reason, counted in ``followup/refused`` (as are follow-ups
+    refused at once), its key not taken as scheduled; the rest of its batch is stored. A batch the node could
+    not take for a while (it or its database was away) stays buffered and goes with the next one; one still unstored when the
     spider closes is logged as an error, with its count in the stats (``followup/unscheduled``). The parent is the
     spider's ``_job`` argument (Scrapyd's), else ``SCRAPY_JOB``.
     """
@@ -153,10 +143,10 @@ class FollowUpPipeline:
         settings = getattr(crawler, "settings", None)
         self.batch_size = settings.getint("FOLLOW_UP_BATCH_SIZE", BATCH_SIZE) if settings is not None else BATCH_SIZE
         # Checked jobs in arrival order, by tree key (a batch holds a key once), ("waiting", key) or a number.
-        self.buffer: dict[Any, tuple] = {}
+        self.buffer: dict[Any, dict] = {}
         self.sent_keys: set[str] = set()  # tree keys this crawl has scheduled already
         self.keys_on_their_way: set[str] = set()  # tree keys of the batches being stored
-        self.standby: dict[str, tuple] = {}  # a key found again while on its way: stored if the first is refused
+        self.standby: dict[str, dict] = {}  # a key found again while on its way: stored if the first is refused
         self.scheduler: _Scheduler | None = None
         self.scheduled = 0
         self.added = 0
@@ -239,7 +229,7 @@ class FollowUpPipeline:
             else:
                 self.buffer.setdefault(key, job)  # in the place of the one that was not stored
 
-    def _settle(self, batch: dict[Any, tuple], outcomes: list) -> dict[Any, tuple]:
+    def _settle(self, batch: dict[Any, dict], outcomes: list) -> dict[Any, dict]:
         """Count and log how a batch went: stored, known, refused (each alone); return the jobs not stored."""
         unstored, stored = {}, []
         for (key, job), outcome in zip(batch.items(), outcomes):
@@ -247,7 +237,7 @@ class FollowUpPipeline:
                 unstored[key] = job
             elif isinstance(outcome, ValueError):
                 self._count("followup/refused")
-                log.error("Follow-up job %s of spider %s refused: %s", job[0].get("_job"), job[0].get("name"), outcome)
+                log.error("Follow-up job %s of spider %s refused: %s", job["jobid"], job["spider"], outcome)
             else:
                 stored.append(outcome)
                 if isinstance(key, str):
@@ -258,7 +248,7 @@ class FollowUpPipeline:
         self._count("followup/known", len(stored) - new)
         return unstored
 
-    def _checked_job(self, item: FollowUp, spider=None) -> tuple:
+    def _checked_job(self, item: FollowUp, spider=None) -> dict:
         """The job of a follow-up; ValueError says what is wrong with it."""
         if self.known_spiders is not None and item.version is None and item.spider not in self.known_spiders:
             raise ValueError(f"FollowUp of spider {item.spider!r}: no such spider in this project")
@@ -299,26 +289,22 @@ async def _awaitable(deferred):
     return await maybe_deferred_to_future(deferred)
 
 
-# --- the store, opened at the first schedule ---------------------------------------------------------------------
+# --- the node, asked at each schedule --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Enqueued:
+    """Where a scheduled job went: its job id, and whether the tree had its key already (no new job)."""
+
+    job: str
+    existing: bool
 
 
 class _Scheduler:
-    """One crawl's way into the queue: its parent, project and store (a pool of one connection)."""
+    """One crawl's way into the queue: its parent, and its node's address and token."""
 
-    def __init__(self, url: str, parent: str, project: str):
-        from scrapyd_pgqueue import db
-        from scrapyd_pgqueue.config import DEFAULT_TREE_MAX_JOBS
-        from scrapyd_pgqueue.store import JobStore
-
-        engine = db.get_engine(
-            url, pool_size=POOL_SIZE, migrate_schema=False,  # the nodes migrated it: no Alembic start-up here
-            application_name=db.application_name(f"{os.environ.get('SCRAPYD_NODE_NAME', '')} crawl {parent}"),
-        )
-        cap = os.environ.get(TREE_MAX_JOBS_VARIABLE)
-        self.store = JobStore(engine, tree_max_jobs=int(cap) if cap else DEFAULT_TREE_MAX_JOBS)
-        self.parent = parent
-        self.project = project
-        self.default_retries = int(os.environ.get(DEFAULT_RETRIES_VARIABLE) or 0)
+    def __init__(self, address: str, token: str, parent: str):
+        self.address, self.token, self.parent = address, token, parent
         self.version = os.environ.get(VERSION_VARIABLE) or None
 
     def schedule(self, follow_ups: list[FollowUp]) -> list[str]:
@@ -328,35 +314,36 @@ class _Scheduler:
                 jobs.append(self.job(follow_up))
             except ValueError as e:
                 raise ValueError(f"follow-up {index}: {e}" if len(follow_ups) > 1 else str(e)) from None
-        return [job.job for job in self.enqueue(jobs)]
-
-    def job(self, follow_up: FollowUp) -> tuple:
-        """(message, priority, options) of a follow-up, checked by schedule_batch.json's rules (ValueError)."""
-        from scrapyd_pgqueue.job_requests import RefusedJob, job_from_json
-
         try:
-            request = job_from_json(self._job_object(follow_up), self.default_retries)
-        except RefusedJob as e:
-            raise ValueError(f"{follow_up.spider}: {e}") from None
-        return request.message, request.priority, request.options
+            return [job.job for job in self.enqueue(jobs)]
+        except _RefusedAt as e:
+            raise ValueError(f"follow-up {e.index}: {e}" if len(jobs) > 1 else str(e)) from None
 
-    def enqueue(self, jobs: list[tuple]) -> list:
-        """Store checked jobs in one statement: where each went (``store.Enqueued``: its job id, and whether it
-        existed). ``db.DatabaseError`` when the database is away; ValueError when it refuses them."""
-        from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
+    def job(self, follow_up: FollowUp) -> dict[str, Any]:
+        """The job object the node checks by schedule_batch.json's rules; ValueError for what is plainly wrong."""
+        if not isinstance(follow_up.spider, str) or not follow_up.spider:
+            raise ValueError(f"the spider must be a non-empty string, not {follow_up.spider!r}")
+        return self._job_object(follow_up)
 
-        try:
-            return self.store.enqueue_many(self.project, jobs)
-        except (DuplicateJobError, InvalidJobError) as e:
-            raise ValueError(str(e)) from None
+    def enqueue(self, jobs: list[dict[str, Any]]) -> list[Enqueued]:
+        """Store jobs through the node, all or none: where each went. ValueError when the node refuses them,
+        ``NodeUnavailableError`` when it or its database did not answer."""
+        if not jobs:
+            return []
+        status, answer = _ask_node(self.address, self.token, {"jobs": jobs})
+        message = str(answer.get("message", answer))
+        if status == 200:
+            return [Enqueued(job["job"], bool(job["existing"])) for job in answer["jobs"]]
+        if status == 401:
+            raise NotInACrawlError(f"cannot schedule follow-up jobs: the node refused: {message}")
+        if status in (400, 403, 404):
+            raise _RefusedAt(message, answer.get("index")) if answer.get("index") is not None else ValueError(message)
+        raise NodeUnavailableError(f"the node did not store the jobs ({status}): {message}")
 
-    def enqueue_each(self, jobs: list[tuple]) -> tuple[list, Exception | None]:
-        """Store checked jobs in their order, in one statement unless the database refuses some: then in halves,
-        down to each refused job alone, so that a refused job loses only itself. Each job's outcome (``Enqueued``, the
-        ValueError that refused it, or None: not stored because the database went away), and that DatabaseError.
-        """
-        from scrapyd_pgqueue.db import DatabaseError
-
+    def enqueue_each(self, jobs: list[dict[str, Any]]) -> tuple[list, Exception | None]:
+        """Store jobs in their order, in one request unless the node refuses some: then in halves, down to each
+        refused job alone, so that a refused job loses only itself. Each job's outcome (``Enqueued``, the ValueError
+        that refused it, or None: not stored because the node or its database was away), and that error."""
         outcomes: list = [None] * len(jobs)
         spans = [(0, len(jobs))]  # still to store, in order
         while spans:
@@ -365,11 +352,11 @@ class _Scheduler:
                 outcomes[start:end] = self.enqueue(jobs[start:end])
             except ValueError as e:
                 if end - start == 1:
-                    outcomes[start] = e
+                    outcomes[start] = ValueError(str(e))
                 else:
                     middle = (start + end) // 2
                     spans[:0] = [(start, middle), (middle, end)]
-            except DatabaseError as e:
+            except NodeUnavailableError as e:
                 return outcomes, e
         return outcomes, None
 
@@ -383,7 +370,7 @@ class _Scheduler:
         }
         version = follow_up.version or self.version
         optional = {
-            "version": version, "jobid": follow_up.jobid, "run_at": follow_up.run_at, "delay": follow_up.delay,
+            "version": version, "jobid": follow_up.jobid or uuid.uuid1().hex,  # named here: its log line names it "run_at": follow_up.run_at, "delay": follow_up.delay,
             "retries": follow_up.retries, "retry_delay": follow_up.retry_delay,
             "on_conflict": follow_up.on_conflict,
         }
@@ -394,22 +381,64 @@ class _Scheduler:
         return job
 
 
-_schedulers: dict[tuple[str, str], _Scheduler] = {}
+class _RefusedAt(ValueError):
+    """The node refused the job at ``index`` of a request by its own checks."""
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index = index
+
+
+def _ask_node(address: str, token: str, body: dict) -> tuple[int, dict]:
+    """POST ``body`` to the node's /schedule: its status and JSON answer. NodeUnavailableError when it cannot be
+    reached or answers no JSON."""
+    import http.client
+    import json
+    import socket
+
+    kind, _, where = address.partition(":")
+    if kind == "unix":
+        connection = http.client.HTTPConnection("localhost", timeout=NODE_TIMEOUT)
+        connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.sock.settimeout(NODE_TIMEOUT)
+    else:
+        host, _, port = where.rpartition(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=NODE_TIMEOUT)
+    try:
+        if kind == "unix":
+            connection.sock.connect(where)
+        connection.request("POST", "/schedule", json.dumps(body).encode(), {
+            "Content-Type": "application/json", "Authorization": f"Bearer {token}",
+        })
+        response = connection.getresponse()
+        data = response.read()
+    except OSError as e:
+        raise NodeUnavailableError(f"could not reach the node: {e}") from None
+    finally:
+        connection.close()
+    try:
+        return response.status, json.loads(data)
+    except ValueError:
+        raise NodeUnavailableError(f"the node answered {response.status} without JSON") from None
+
+
+_schedulers: dict[str, _Scheduler] = {}
 _lock = threading.Lock()
 
 
 def _scheduler(parent: str | None) -> _Scheduler:
-    """The crawl's scheduler: always its own project (SCRAPY_PROJECT), as its tree is."""
+    """The crawl's scheduler: its node decides the project (the crawl's own, as its tree is)."""
     parent = parent or os.environ.get(JOB_VARIABLE)
-    project = os.environ.get(PROJECT_VARIABLE)
-    url = os.environ.get(DATABASE_URL_VARIABLE) or os.environ.get(NODE_DATABASE_URL_VARIABLE)
-    missing = [what for what, value in (("parent job (SCRAPY_JOB)", parent), ("project (SCRAPY_PROJECT)", project),
-                                        (f"database ({DATABASE_URL_VARIABLE})", url)) if not value]
+    address = os.environ.get(NODE_ADDRESS_VARIABLE)
+    token = os.environ.get(TOKEN_VARIABLE)
+    missing = [what for what, value in (("parent job (SCRAPY_JOB)", parent),
+                                        (f"node ({NODE_ADDRESS_VARIABLE})", address),
+                                        (f"crawl token ({TOKEN_VARIABLE})", token)) if not value]
     if missing:
         raise NotInACrawlError(
             f"cannot schedule follow-up jobs: no {', '.join(missing)}; run the crawl through a node of the cluster"
         )
     with _lock:
-        if (parent, project) not in _schedulers:
-            _schedulers[parent, project] = _Scheduler(url, parent, project)
-        return _schedulers[parent, project]
+        if parent not in _schedulers:
+            _schedulers[parent] = _Scheduler(address, token, parent)
+        return _schedulers[parent]

@@ -27,7 +27,6 @@ import selectors
 import signal
 import socket
 import sys
-import threading
 
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 4 * 1024 * 1024  # a crawl's arguments and environment; the node checks the size it sends
@@ -68,8 +67,9 @@ def unsafe_to_fork(control: socket.socket) -> str:
     """Why forking this process would share something live with every crawl; '' when nothing does."""
     if "twisted.internet.reactor" in sys.modules:
         return "importing the project installs a Twisted reactor"
-    if threading.active_count() > 1:
-        return f"importing the project starts {threading.active_count() - 1} threads"
+    threads = thread_count()
+    if threads > 1:
+        return f"importing the project starts {threads - 1} threads"
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
@@ -78,6 +78,12 @@ def unsafe_to_fork(control: socket.socket) -> str:
         if target.startswith("socket:") and int(name) != control.fileno():
             return "importing the project opens a socket"
     return ""
+
+
+def thread_count() -> int:
+    """This process's threads as the kernel counts them: ``threading.active_count()`` misses those started with
+    ``_thread`` or from C."""
+    return len(os.listdir("/proc/self/task"))
 
 
 def import_components() -> None:

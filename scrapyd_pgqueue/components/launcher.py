@@ -36,6 +36,8 @@ from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.node.crawl_api import SOCKET_DIRECTORY, CrawlApi
+from scrapyd_pgqueue.node.crawl_keys import crawl_environment, node_secrets
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
@@ -99,9 +101,13 @@ class PostgresLauncher(Launcher):
         self.stopping = False
         self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
         self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
+        # A crawl holds no keys: its environment loses the node's secrets; it schedules through the node's endpoint.
+        self.secrets = node_secrets(config, self.settings)
+        self.crawl_api = CrawlApi(self.settings, self.store, self.settings.node_name)
         self.warm = None
         if self.settings.warm_start:
-            self.warm = WarmStarts(self.settings.warm_processes, self.settings.warm_idle_timeout, self._spawn_cold)
+            self.warm = WarmStarts(self.settings.warm_processes, self.settings.warm_idle_timeout, self._spawn_cold,
+                                   self.secrets)
 
     @staticmethod
     def _node_url(config):
@@ -116,6 +122,7 @@ class PostgresLauncher(Launcher):
         return self.app.getComponent(IPoller)
 
     def startService(self):
+        self.crawl_api.listen(SOCKET_DIRECTORY)
         self.register()
         self.lease.start()
         if self.lease_watch is not None:
@@ -255,17 +262,21 @@ class PostgresLauncher(Launcher):
         egg_file = getattr(self.app.getComponent(IEggStorage), "egg_file", None)
         if egg_file is None:
             return self._spawn_crawl(None, message, slot, claimed)
-        (
-            threads.deferToThread(egg_file, message["_project"], message.get("_version"))
-            .addErrback(self._egg_not_fetched, message)
-            .addCallback(self._spawn_crawl, message, slot, claimed)
+        threads.deferToThread(egg_file, message["_project"], message.get("_version")).addCallbacks(
+            self._spawn_crawl, self._egg_not_fetched, callbackArgs=(message, slot, claimed),
+            errbackArgs=(message, slot, claimed),
         )
 
-    @staticmethod
-    def _egg_not_fetched(failure, message):
-        log.error("Could not fetch the egg of project {project} for job {job}, the crawl looks it up itself: {error}",
+    def _egg_not_fetched(self, failure, message, slot, claimed):
+        """A crawl cannot fetch its egg itself (it holds no database URL): its job goes back to the queue."""
+        log.error("Could not fetch the egg of project {project} for job {job}, handing the job back: {error}",
                   project=message["_project"], job=message["_job"], error=failure.getErrorMessage())
-        return None
+        if self.stopping or claimed is None:
+            if claimed is not None:
+                self.unstarted.append(claimed)
+            return
+        self.lease_lost_claims.append(claimed)  # handed back once the database answers
+        self._get_message(slot)
 
     def _spawn_crawl(self, egg, message, slot, claimed):
         if self.stopping:  # the stop began while the egg was fetched
@@ -282,12 +293,13 @@ class PostgresLauncher(Launcher):
             message["settings"].update(environment.get_settings(message))
             env = environment.get_environment(message, slot)
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
-            # Crawl trees (scrapyd_pgqueue.crawl): the crawl's job id, and the queue for the jobs it schedules.
-            env.update(crawl.crawl_environment(message["_job"], self.settings))
+            env[crawl.JOB_VARIABLE] = message["_job"]
             if egg is not None:
                 env[EGG_FILE_VARIABLE] = egg
-            args = [sys.executable, "-m", self.runner, "crawl", *get_crawl_args(message)]
-            process.env, process.args = env, args
+            process.env = crawl_environment(env, self.secrets)
+            # Crawl trees (scrapyd_pgqueue.crawl): the node's endpoint and this crawl's token, which dies with it.
+            process.env.update(self.crawl_api.admit(project, message["_job"], claimed))
+            process.args = [sys.executable, "-m", self.runner, "crawl", *get_crawl_args(message)]
             process.deferred.addBoth(self._process_finished, slot)
             if self.warm is None:
                 self._spawn_cold(process)
@@ -295,6 +307,7 @@ class PostgresLauncher(Launcher):
                 self.warm.spawn(process, project, egg)  # warm or cold; its start is recorded either way
         except Exception as e:  # noqa: BLE001 - e.g. "Argument list too long", "embedded null byte"
             log.error("Could not start job {job}: {error}", job=message["_job"], error=e)
+            self.crawl_api.forget(process.env)
             process.end_time = datetime.datetime.now()
             process.outcome, process.reason = FAILED, f"could not start the crawl: {type(e).__name__}: {e}"
             self._record_finished(process)
@@ -318,6 +331,7 @@ class PostgresLauncher(Launcher):
     def _process_finished(self, _, slot):
         process = self.processes.pop(slot)
         process.end_time = datetime.datetime.now()
+        self.crawl_api.forget(process.env)
         if (process.lease_lost or process.warm_parent_died) and process.claimed is not None:
             self.lease_lost_claims.append(process.claimed)
         elif not process.handed_back:

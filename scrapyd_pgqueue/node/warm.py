@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 log = Logger()
 
@@ -130,7 +131,9 @@ class WarmProcess:
         self.ready = False
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         project, egg = key
-        env = {**os.environ, "SCRAPY_PROJECT": project, EGG_FILE_VARIABLE: egg, NODE_PID_VARIABLE: str(os.getpid())}
+        # Without the node's secrets: every crawl forked from it holds this process's first environment in memory.
+        env = {**crawl_environment(os.environ, pool.secrets), "SCRAPY_PROJECT": project, EGG_FILE_VARIABLE: egg,
+               NODE_PID_VARIABLE: str(os.getpid())}
         args = [sys.executable, "-m", "scrapyd_pgqueue.warm_process", str(CONTROL_FD)]
         try:
             self.process = reactor.spawnProcess(WarmOutput(project), sys.executable, args=args, env=env,
@@ -238,8 +241,9 @@ class WarmProcess:
 class WarmStarts:
     """The node's warm processes: at most ``max_processes``, least recently used retired first."""
 
-    def __init__(self, max_processes: int, idle_seconds: float, spawn_cold):
+    def __init__(self, max_processes: int, idle_seconds: float, spawn_cold, secrets=frozenset()):
         self.max_processes, self.idle_seconds = max_processes, idle_seconds
+        self.secrets = secrets  # the node's secret values, kept out of its warm processes' environments
         self._spawn_cold = spawn_cold  # launcher: spawn a protocol as Scrapyd does
         self.warm: OrderedDict[tuple[str, str], WarmProcess] = OrderedDict()
         self.cold_reasons: dict[tuple[str, str], str] = {}  # project versions that are always spawned cold
@@ -247,7 +251,7 @@ class WarmStarts:
     def spawn(self, process, project: str, egg: str | None) -> None:
         """Start ``process`` (a launcher's protocol with its args and env) warm if possible, else cold."""
         key = (project, egg)
-        if egg is None or key in self.cold_reasons:  # None: the egg could not be fetched, the crawl looks it up
+        if egg is None or key in self.cold_reasons:  # None: the egg storage gives no file (not ours)
             return self._spawn_cold(process)
         warm = self.warm.get(key)
         if warm is None or not warm.alive:

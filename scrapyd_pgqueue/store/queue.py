@@ -124,6 +124,13 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         """
         return self._enqueue(project, enqueue.job_rows(project, jobs, numbered=True))
 
+    @database_errors
+    def parents_outside_tree(self, project: str, parents: list[str], row_id: int) -> list[str]:
+        """Which of ``parents`` (job ids of ``project``) are not in the tree of the row ``row_id``."""
+        params = {"project": project, "parents": parents, "row_id": row_id}
+        with db.autocommit(self.engine) as connection:
+            return [row.job for row in connection.execute(trees.PARENTS_OUTSIDE_TREE, params)]
+
     def _enqueue(self, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
         if not rows:
             return []

@@ -34,6 +34,17 @@ PARENTS = text("""
     ORDER BY job, id DESC
 """)
 
+# Of the parent job ids of :project a crawl names (their newest rows), those outside the tree of the crawl's own row
+# :row_id: a crawl schedules into its own tree only. Unknown parents are left to PARENTS ("not found").
+PARENTS_OUTSIDE_TREE = text("""
+    SELECT parent.job FROM (
+        SELECT DISTINCT ON (job) job, coalesce(tree_id, id) AS tree_id
+        FROM spider_job WHERE project = :project AND job = ANY(:parents)
+        ORDER BY job, id DESC
+    ) AS parent
+    WHERE parent.tree_id IS DISTINCT FROM (SELECT coalesce(tree_id, id) FROM spider_job WHERE id = :row_id)
+""")
+
 # Open the trees of roots getting their first child: the root joins its own tree (its row lock serialises two first
 # children scheduled at once: the second finds tree_id set and opens nothing) and counts as open until its own crawl
 # ends. The children's inserts then count themselves (trigger).

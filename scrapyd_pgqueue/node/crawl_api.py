@@ -1,0 +1,192 @@
+"""What a crawl may ask, it asks its node: the node's endpoint for ``scrapyd_pgqueue.crawl``.
+
+A crawl holds no database URL. To schedule the children of its tree it POSTs them to the node that runs it, on a
+Unix socket (mode 0600, in a directory of the node's own under its working directory), with a token of its own job:
+``secrets.token_urlsafe(32)``, given to the crawl in its environment, known to the node for as long as the crawl
+runs and forgotten when its process ends. The node decides the scope: the project is always the token's, and each
+job's ``parent`` is the crawl's own job or a job of the crawl's tree; anything else is refused. Each job passes
+``schedule_batch.json``'s checks (``job_requests.job_from_json``, the node's ``default_retries``) and the batch is
+stored all or none by the store's ``enqueue_many`` (its tree cap ``tree_max_jobs``), off the reactor.
+
+``POST /schedule`` with ``Authorization: Bearer <token>`` and ``{"jobs": [job, ...]}`` answers, in Scrapyd's JSON
+form, 200 ``{"jobs": [{"job": id, "existing": bool}, ...]}``; 400 a refused batch (``index``: the job refused by
+its own checks); 401 a token no running crawl of this node holds; 403 a parent outside the crawl's tree; 503 the
+database did not answer in ``database_timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+
+from twisted.internet import reactor
+from twisted.logger import Logger
+from twisted.web import resource, server
+
+from scrapyd_pgqueue import offload
+from scrapyd_pgqueue.crawl import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
+
+log = Logger()
+
+SOCKET_DIRECTORY = "crawl-api"  # under the node's working directory, mode 0700
+MAX_SOCKET_PATH = 107  # sun_path's 108 bytes, with its NUL
+API_THREADS = 2  # crawl requests waiting for the database at once; beside the web threads, not in them
+
+
+@dataclass(frozen=True)
+class CrawlScope:
+    """What one crawl's token allows: its project, its job, and its row (whose tree it may grow; None: no row)."""
+
+    project: str
+    job: str
+    row_id: int | None
+
+
+class Refused(ValueError):
+    def __init__(self, code: int, message: str, index: int | None = None):
+        super().__init__(message)
+        self.code, self.index = code, index
+
+
+class CrawlApi(resource.Resource):
+    """The endpoint and the tokens of the crawls running on this node."""
+
+    isLeaf = True
+
+    def __init__(self, settings, store, node_name: str):
+        super().__init__()
+        self.settings, self.store, self.node_name = settings, store, node_name
+        self.scopes: dict[str, CrawlScope] = {}
+        self.address = ""
+
+    # --- tokens (reactor thread) ------------------------------------------------------------------------------
+
+    def admit(self, project: str, job: str, claimed) -> dict[str, str]:
+        """A new token for a crawl about to start: the variables its environment gets (never logged)."""
+        token = secrets.token_urlsafe(32)
+        self.scopes[token] = CrawlScope(project, job, getattr(claimed, "id", None))
+        return {TOKEN_VARIABLE: token, NODE_ADDRESS_VARIABLE: self.address}
+
+    def forget(self, environment: dict) -> None:
+        """The crawl ended (or never started): its token dies with it."""
+        self.scopes.pop(environment.get(TOKEN_VARIABLE, ""), None)
+
+    # --- listening --------------------------------------------------------------------------------------------
+
+    def listen(self, directory: str):
+        """Serve on ``directory/<pid>.sock``; on a loopback port when that path is too long for a Unix socket."""
+        directory = os.path.abspath(directory)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+        path = os.path.join(directory, f"{os.getpid()}.sock")
+        site = server.Site(self)
+        site.log = lambda request: None  # no access log: nothing of a crawl's request is worth a line
+        site.noisy = False
+        if len(path.encode()) <= MAX_SOCKET_PATH:
+            if os.path.exists(path):
+                os.unlink(path)  # a node of the same pid before this one (a container restarted)
+            port = reactor.listenUNIX(path, site, mode=0o600)
+            self.address = f"unix:{path}"
+        else:
+            log.warn("The crawl endpoint's socket path {path} is longer than a Unix socket allows: serving on a "
+                     "loopback port instead (the per-job token still guards it)", path=path)
+            port = reactor.listenTCP(0, site, interface="127.0.0.1")
+            self.address = f"tcp:127.0.0.1:{port.getHost().port}"
+        return port
+
+    # --- requests ---------------------------------------------------------------------------------------------
+
+    def render_POST(self, request):
+        try:
+            scope = self._scope(request)
+            if request.path != b"/schedule":
+                raise Refused(404, "no such endpoint: POST /schedule")
+            jobs = self._jobs(request)
+        except Refused as e:
+            return self._answer(request, e.code, self._error(e))
+        gone = offload.watch(request)
+        d = offload.in_thread(self.schedule, scope, jobs, pool_name="crawl-api", size=API_THREADS)
+        d.addCallbacks(lambda data: (200, data), self._failed)
+        d.addCallback(lambda outcome: None if gone else self._write(request, *outcome))
+        return server.NOT_DONE_YET
+
+    def _scope(self, request) -> CrawlScope:
+        authorization = (request.getHeader(b"authorization") or b"").decode(errors="replace")
+        scheme, _, token = authorization.partition(" ")
+        scope = self.scopes.get(token.strip()) if scheme.lower() == "bearer" else None
+        if scope is None:
+            raise Refused(401, "unknown token: not a crawl running on this node (a token dies with its job)")
+        return scope
+
+    @staticmethod
+    def _jobs(request) -> list:
+        try:
+            body = json.loads(request.content.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise Refused(400, f"the body must be a JSON object: {e}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("jobs"), list):
+            raise Refused(400, 'the body must be a JSON object {"jobs": [...]}')
+        return body["jobs"]
+
+    def schedule(self, scope: CrawlScope, objects: list) -> dict:
+        """Thread: check and store the jobs of one crawl's request, in its scope."""
+        from scrapyd_pgqueue.job_requests import RefusedJob, job_from_json
+        from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
+
+        requests = []
+        for index, job in enumerate(objects):
+            if isinstance(job, dict) and job.get("parent") is None:
+                job = {**job, "parent": scope.job}  # a crawl schedules children; never a new root
+            try:
+                requests.append(job_from_json(job, self.settings.default_retries))
+            except RefusedJob as e:
+                spider = job.get("spider") if isinstance(job, dict) else None
+                raise Refused(400, f"{spider}: {e}", index) from None
+        self._check_tree(scope, sorted({request.options.parent for request in requests}))
+        try:
+            enqueued = self.store.enqueue_many(
+                scope.project, [(request.message, request.priority, request.options) for request in requests]
+            )
+        except (DuplicateJobError, InvalidJobError) as e:
+            raise Refused(400, str(e)) from None
+        return {"status": "ok", "jobs": [{"job": job.job, "existing": job.existing} for job in enqueued]}
+
+    def _check_tree(self, scope: CrawlScope, parents: list[str]) -> None:
+        others = [parent for parent in parents if parent != scope.job]
+        if not others:
+            return
+        outside = others if scope.row_id is None else self.store.parents_outside_tree(scope.project, others,
+                                                                                        scope.row_id)
+        if outside:
+            raise Refused(403, f"parent job '{outside[0]}' is not in the tree of job '{scope.job}': a crawl "
+                               "schedules children of its own job or of its own tree's jobs only")
+
+    def _failed(self, failure) -> tuple[int, dict]:
+        from scrapyd_pgqueue.db import DatabaseError
+
+        if failure.check(Refused):
+            return failure.value.code, self._error(failure.value)
+        if failure.check(DatabaseError):
+            return 503, {"status": "error", "database": "unavailable", "message": str(failure.value)}
+        log.failure("A crawl's request failed", failure)
+        return 500, {"status": "error", "message": "internal error; see the node's log"}
+
+    @staticmethod
+    def _error(refused: Refused) -> dict:
+        answer = {"status": "error", "message": str(refused)}
+        if refused.index is not None:
+            answer["index"] = refused.index
+        return answer
+
+    def _answer(self, request, code: int, data: dict) -> bytes:
+        request.setResponseCode(code)
+        data["node_name"] = self.node_name
+        request.setHeader("Content-Type", "application/json")
+        return json.dumps(data).encode() + b"\n"
+
+    def _write(self, request, code: int, data: dict) -> None:
+        request.write(self._answer(request, code, data))
+        request.finish()
+
