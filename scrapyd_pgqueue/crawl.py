@@ -370,7 +370,9 @@ class _Scheduler:
         }
         version = follow_up.version or self.version
         optional = {
-            "version": version, "jobid": follow_up.jobid or uuid.uuid1().hex,  # named here: its log line names it "run_at": follow_up.run_at, "delay": follow_up.delay,
+            # A job id named here, so that the log line of a refused follow-up names it.
+            "version": version, "jobid": follow_up.jobid or uuid.uuid1().hex, "run_at": follow_up.run_at,
+            "delay": follow_up.delay,
             "retries": follow_up.retries, "retry_delay": follow_up.retry_delay,
             "on_conflict": follow_up.on_conflict,
         }

@@ -287,3 +287,34 @@ class SiteServer:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# The node's crawl endpoint (node/crawl_api.py) alone, on its own reactor, for the crawl API's tests: it admits one
+# crawl (project, job, its row) and prints that crawl's environment, then serves until killed.
+CRAWL_API_SERVER = """
+import json, sys
+from twisted.internet import reactor
+from scrapyd_pgqueue.config import Settings
+from scrapyd_pgqueue.node.crawl_api import CrawlApi
+from scrapyd_pgqueue.store import ClaimedJob, JobStore
+
+url, project, job, row_id, directory, tree_max_jobs = sys.argv[1:]
+settings = Settings(database_url=url, node_name="n", default_retries=2, tree_max_jobs=int(tree_max_jobs))
+api = CrawlApi(settings, JobStore.for_settings(settings), "n")
+api.listen(directory)
+claimed = ClaimedJob(int(row_id), project, job, 1, {})
+print(json.dumps(api.admit(project, job, claimed)), flush=True)
+reactor.run()
+"""
+
+
+@contextlib.contextmanager
+def crawl_api_server(url, project, job, row_id, directory, tree_max_jobs=100_000):
+    """A node's crawl endpoint serving one running crawl: that crawl's environment (address and token)."""
+    process = subprocess.Popen([sys.executable, "-c", CRAWL_API_SERVER, url, project, job, str(row_id),
+                                str(directory), str(tree_max_jobs)], stdout=subprocess.PIPE, text=True)
+    try:
+        yield json.loads(process.stdout.readline())
+    finally:
+        process.kill()
+        process.wait()

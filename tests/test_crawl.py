@@ -1,11 +1,13 @@
-"""The crawl API (scrapyd_pgqueue.crawl) on a real Postgres: schedule() from a crawl's environment, and
-FollowUpPipeline in a real Scrapy crawl (a subprocess, as a node starts one); the tree CLI over the same jobs.
+"""The crawl API (scrapyd_pgqueue.crawl) on a real Postgres through the node's real crawl endpoint
+(node/crawl_api.py): schedule() from a crawl's environment, and FollowUpPipeline in a real Scrapy crawl (a subprocess,
+as a node starts one); the scope a crawl's token allows; the tree CLI over the same jobs.
 
 End-to-end trees through real nodes are in test_trees.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -14,29 +16,37 @@ import textwrap
 import pytest
 
 from scrapyd_pgqueue import cli, crawl
-from scrapyd_pgqueue.config import Settings
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
-from helpers import query
+from helpers import crawl_api_server, query
+
+
+def running_root(database_url) -> int:
+    """Job "root" of project "p", running: its row id."""
+    store = JobStore.for_url(database_url)  # migrates the schema, as the nodes do
+    store.enqueue("p", {"name": "parent", "_job": "root"})
+    [claimed] = store.claim_next_jobs(["p"], 1, node="n", worker="w").jobs
+    return claimed.id
+
+
+@contextlib.contextmanager
+def crawl_of_root(database_url, tmp_path, monkeypatch, row_id, **settings):
+    """The environment a node gives the crawl of job "root" of project "p": its node's endpoint and token."""
+    with crawl_api_server(database_url, "p", "root", row_id, tmp_path / "api", **settings) as env:
+        env.update({crawl.JOB_VARIABLE: "root", crawl.PROJECT_VARIABLE: "p"})
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(crawl, "_schedulers", {})
+        yield env
 
 
 @pytest.fixture
-def in_a_crawl(database_url, monkeypatch):
-    """The environment a node gives a crawl of job "root" of project "p", whose row is running."""
-    store = JobStore.for_url(database_url)  # migrates the schema, as the nodes do
-    store.enqueue("p", {"name": "parent", "_job": "root"})
-    store.claim_next_jobs(["p"], 1, node="n", worker="w")
-    # The crawl's URL is its own string: this process's engine for database_url (a pool of 2) is not the crawl's.
-    crawl_url = f"{database_url}?connect_timeout=5"
-    env = crawl.crawl_environment("root", Settings(database_url=crawl_url, node_name="n", default_retries=2))
-    env[crawl.PROJECT_VARIABLE] = "p"
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(crawl, "_schedulers", {})
-    return env
+def in_a_crawl(database_url, tmp_path, monkeypatch):
+    with crawl_of_root(database_url, tmp_path, monkeypatch, running_root(database_url)) as env:
+        yield env
 
 
 def test_importing_the_crawl_api_costs_a_crawl_nothing():
-    """No SQLAlchemy, psycopg2, store or Twisted reactor until the crawl schedules (crawls must start fast)."""
+    """No SQLAlchemy, psycopg2, store or Twisted reactor, ever (crawls must start fast, and hold no database)."""
     code = ("import sys, scrapyd_pgqueue.crawl; "
             "print([m for m in ('sqlalchemy', 'psycopg2', 'scrapyd_pgqueue.store', 'twisted.internet.reactor') "
             "if m in sys.modules])")
@@ -56,10 +66,14 @@ def test_schedule_makes_children_of_the_running_crawl_with_tree_keys(database_ur
     assert (priority, retries) == (5, 2)  # the node's default_retries
     assert message == {"url": "https://a/1", "name": "page", "_job": first, "settings": {"X": "1"}}
     assert AllJobsStore.for_url(database_url).lineage(first, "p") == ("root", "root")
-    # One connection, named after the crawl, for everything this crawl schedules.
-    [(application,)] = query(database_url, "SELECT application_name FROM pg_stat_activity "
-                                           "WHERE application_name LIKE '%%crawl root'")
-    assert application.startswith("scrapyd-pgqueue")
+    assert {"sqlalchemy", "psycopg2", "scrapyd_pgqueue.store"}.isdisjoint(crawl_imports_after_a_schedule())
+
+
+def crawl_imports_after_a_schedule() -> set[str]:
+    """The modules a crawl process (this environment) holds once it has scheduled a child."""
+    code = ("import sys, scrapyd_pgqueue.crawl as c; c.schedule('page', unique_key='imports'); "
+            "print(' '.join(sys.modules))")
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
 
 
 def test_bad_follow_ups_are_refused_with_the_reason_and_nothing_is_stored(database_url, in_a_crawl):
@@ -78,8 +92,14 @@ def test_a_crawl_schedules_into_its_own_project_only(database_url, in_a_crawl):
     assert query(database_url, "SELECT count(*) FROM spider_job WHERE project <> 'p'") == [(0,)]
 
 
-def test_a_tree_at_its_cap_refuses_the_next_follow_up_with_the_reason(database_url, in_a_crawl, monkeypatch):
-    monkeypatch.setenv(crawl.TREE_MAX_JOBS_VARIABLE, "3")  # the node's tree_max_jobs, as its launcher passes it
+@pytest.fixture
+def in_a_crawl_with_a_cap_of_3(database_url, tmp_path, monkeypatch):
+    """The crawl of root on a node whose tree_max_jobs is 3."""
+    with crawl_of_root(database_url, tmp_path, monkeypatch, running_root(database_url), tree_max_jobs=3) as env:
+        yield env
+
+
+def test_a_tree_at_its_cap_refuses_the_next_follow_up_with_the_reason(database_url, in_a_crawl_with_a_cap_of_3):
     first = crawl.schedule_many([crawl.FollowUp("page", unique_key="a"), crawl.FollowUp("page", unique_key="b")])
     with pytest.raises(ValueError, match=r"the tree of root job 'root' has 3 jobs and may have at most 3 "
                                          r"\(tree_max_jobs\): 1 more refused"):
@@ -90,11 +110,32 @@ def test_a_tree_at_its_cap_refuses_the_next_follow_up_with_the_reason(database_u
 
 
 def test_outside_a_crawl_schedule_says_what_is_missing(monkeypatch):
-    for name in (crawl.JOB_VARIABLE, crawl.PROJECT_VARIABLE, crawl.DATABASE_URL_VARIABLE,
-                 crawl.NODE_DATABASE_URL_VARIABLE):
+    for name in (crawl.JOB_VARIABLE, crawl.NODE_ADDRESS_VARIABLE, crawl.TOKEN_VARIABLE):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(crawl.NotInACrawlError, match=r"no parent job \(SCRAPY_JOB\), project"):
+    with pytest.raises(crawl.NotInACrawlError, match=r"no parent job \(SCRAPY_JOB\), node"):
         crawl.schedule("page")
+
+
+def test_a_crawl_schedules_into_its_own_tree_only(database_url, in_a_crawl):
+    """A parent of another tree of the project, or of another project, is refused; nothing is stored."""
+    store = JobStore.for_url(database_url)
+    store.enqueue("p", {"name": "parent", "_job": "stranger"})  # a root of another tree of p
+    store.enqueue("q", {"name": "parent", "_job": "elsewhere"})  # a job of another project
+    with pytest.raises(ValueError, match="parent job 'stranger' is not in the tree of job 'root'"):
+        crawl.schedule("page", parent="stranger")
+    with pytest.raises(ValueError, match="parent job 'elsewhere' not found in project 'p'"):
+        crawl.schedule("page", parent="elsewhere")
+    child = crawl.schedule("page")
+    grandchild = crawl.schedule("page", parent=child)  # a job of its own tree
+    assert query(database_url, "SELECT job, parent, project FROM spider_job WHERE parent IS NOT NULL ORDER BY id") \
+        == [(child, "root", "p"), (grandchild, child, "p")]
+
+
+def test_a_forged_token_schedules_nothing(database_url, in_a_crawl, monkeypatch):
+    monkeypatch.setenv(crawl.TOKEN_VARIABLE, in_a_crawl[crawl.TOKEN_VARIABLE][:-4] + "AAAA")
+    with pytest.raises(crawl.NotInACrawlError, match="unknown token: not a crawl running on this node"):
+        crawl.schedule("page")
+    assert query(database_url, "SELECT count(*) FROM spider_job WHERE parent IS NOT NULL") == [(0,)]
 
 
 PIPELINE_SPIDER = """\
@@ -150,7 +191,7 @@ def test_the_pipeline_stores_follow_ups_in_batches_before_the_crawl_ends(databas
     rows = query(database_url, "SELECT count(*), count(DISTINCT message->>'n'), min(parent), max(parent) "
                                "FROM spider_job WHERE parent IS NOT NULL")
     assert rows == [(600, 600, "root", "root")]
-    assert in_a_crawl[crawl.DATABASE_URL_VARIABLE].split("@")[0] not in result.stderr  # no password in its log
+    assert in_a_crawl[crawl.TOKEN_VARIABLE] not in result.stderr  # no token in its log
 
     # The tree as people and scripts see it: the root still running, 600 children pending.
     view = AllJobsStore.for_url(database_url).tree("p", "root")
