@@ -164,8 +164,10 @@ def test_a_cluster_on_the_node_role_runs_jobs_and_its_spiders_cannot_break_out(r
     node1, node2 = cluster.nodes
     for index in range(6):
         (node1 if index % 2 else node2).post("schedule.json", project="example", spider="quotes", jobid=f"q{index}")
+    url_file = tmp_path / "node-url"  # the node's URL, as if the spider had found it: its environment holds none
+    url_file.write_text(roles["node_url"])
     answer = node1.post("schedule.json", project="intruder", spider="intruder", jobid="intruder",
-                        marker=str(marker), other_database=other)
+                        marker=str(marker), other_database=other, url_file=str(url_file))
     assert answer["status"] == "ok", answer
     wait_for(lambda: all(state[:2] == ("terminated", "finished") for state in jobs(roles["owner_url"]).values()), 90,
              "every job to finish")

@@ -1,12 +1,11 @@
-"""A spider that does what a hostile egg can: take its node's database URL from the environment every crawl
-inherits (SCRAPYD_DATABASE_URL) and try what a node's role must not do. It records, per attempt, "ok" or the
+"""A spider that does what a hostile egg could with its node's database URL, had it found it (crawls hold none: the
+test hands it the URL in a file), and tries what a node's role must not do. It records, per attempt, "ok" or the
 database's refusal, in <EXAMPLE_RECORD_DIR>/intrusions.jsonl.
 
-Spider arguments: ``marker``, a file that ``COPY ... TO PROGRAM`` would create on the database host;
+Spider arguments: ``url_file``, the file holding the node's URL; ``marker``, a file that ``COPY ... TO PROGRAM`` would create on the database host;
 ``other_database``, a database of the same server whose ``secret`` table the spider tries to read.
 """
 
-import os
 import urllib.parse
 
 import psycopg2
@@ -18,7 +17,8 @@ class IntruderSpider(RecordingSpider):
     name = "intruder"
 
     async def start(self):
-        url = os.environ["SCRAPYD_DATABASE_URL"]
+        with open(self.url_file) as f:
+            url = f.read().strip()
         other = urllib.parse.urlsplit(url)._replace(path="/" + self.other_database).geturl()
         attempts = {
             "read_queue": (url, "SELECT count(*) FROM spider_job"),  # what a node does: must work

@@ -1,0 +1,62 @@
+"""A spider that looks for its node's keys wherever a crawl, running as the node's user, can: its own environment,
+its parent's and grandparent's (``/proc/<pid>/environ``: the node, or the warm process and the node), and every
+file under the node's working directory and home (its configuration). It records what it read, or why it could
+not, in <EXAMPLE_RECORD_DIR>/probes.jsonl, with the crawl's token and its node's address.
+
+Importing this module records the importing process's environment and arguments in
+<EXAMPLE_RECORD_DIR>/imports.jsonl: ``scrapy list``, a warm process, a cold crawl.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from example.recording import RecordingSpider
+
+MAX_FILE = 1024 * 1024
+
+
+def _record(name, record):
+    directory = os.environ.get("EXAMPLE_RECORD_DIR")
+    if directory:
+        with open(os.path.join(directory, name), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+_record("imports.jsonl", {"pid": os.getpid(), "argv": sys.argv, "environ": dict(os.environ)})
+
+
+def read(path):
+    """What a file holds, or why it could not be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_FILE).decode(errors="replace")
+    except OSError as e:
+        return f"unreadable: {type(e).__name__}: {e}"
+
+
+def parent_of(pid):
+    return int(read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[1])
+
+
+class ProbeSpider(RecordingSpider):
+    name = "probe"
+
+    async def start(self):
+        parent = os.getppid()
+        ancestors = [parent, parent_of(parent)]
+        files = {}
+        for top in {Path.cwd(), Path.home()}:
+            for path in top.rglob("*"):
+                if path.is_file() and not path.is_symlink() or path.name == ".scrapy.cfg":
+                    files[str(path)] = read(path)
+        _record("probes.jsonl", {
+            "job": self.job,
+            "environ": dict(os.environ),
+            "ancestors": {str(pid): {"cmdline": read(f"/proc/{pid}/cmdline"), "environ": read(f"/proc/{pid}/environ")}
+                          for pid in ancestors},
+            "files": files,
+        })
+        return
+        yield
