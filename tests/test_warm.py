@@ -206,6 +206,19 @@ def test_a_project_that_installs_a_reactor_on_import_is_spawned_cold(database_ur
     assert node.logfile.read_text().count(reason) == 1
 
 
+def test_a_project_that_starts_a_low_level_thread_on_import_is_spawned_cold(
+        database_url, start_cluster, tmp_path, records):
+    """A thread started with ``_thread`` is not in ``threading.active_count()``; the kernel counts it."""
+    (node,) = start_cluster(database_url, 1, **WARM).nodes
+    deploy(node, build_egg(tmp_path, top="import _thread, time\n_thread.start_new_thread(time.sleep, (3600,))"))
+    for job in ("cold1", "cold2"):
+        node.post("schedule.json", project=PROJECT, spider="probe", jobid=job)
+        finished(database_url, job)
+        assert probe_of(records, job)["ppid"] == node.process.pid  # spawned by the node itself
+    reason = f"Project {PROJECT} is spawned cold: importing the project starts 1 threads"
+    wait_for(lambda: node.logfile.read_text().count(reason), 30, "the reason in the log")
+
+
 def test_a_redeploy_through_another_node_runs_the_new_code_at_the_next_crawl(
         database_url, start_cluster, probe_egg, tmp_path, records):
     (node,) = start_cluster(database_url, 1, **WARM).nodes
