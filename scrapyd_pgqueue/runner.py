@@ -8,7 +8,12 @@ install the default one before Scrapy installs its asyncio reactor, and every cr
 
 from __future__ import annotations
 
-from scrapyd import runner as scrapyd_runner
+from scrapyd_pgqueue.node.crawl_keys import make_not_dumpable
+
+if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, other crawls lose sight of its token
+    make_not_dumpable()
+
+from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above
 from scrapyd.config import Config
 
 from scrapyd_pgqueue.application import apply_defaults

@@ -28,6 +28,8 @@ import signal
 import socket
 import sys
 
+from scrapyd_pgqueue.node.crawl_keys import make_not_dumpable
+
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 4 * 1024 * 1024  # a crawl's arguments and environment; the node checks the size it sends
 # Modules every crawl imports after its start; imported here, they cost a crawl nothing.
@@ -200,6 +202,7 @@ class WarmProcess:
 
 
 def main() -> None:
+    make_not_dumpable()  # its forks inherit it: other crawls of the same user cannot read a crawl's token
     control = socket.socket(fileno=int(sys.argv[1]))
     warm = WarmProcess(control)
     warm.parent_pid = os.getpid()

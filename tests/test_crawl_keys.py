@@ -99,13 +99,16 @@ def test_a_crawl_finds_no_key_of_its_node(unprivileged_node, database_url):
     warm_processes = [record for record in imports if record["argv"][0].endswith("warm_process.py")]
     assert len(warm_processes) == (1 if start == "warm" else 0)
 
-    # The node (the crawl's parent when cold, its grandparent when forked from a warm process) cannot be read.
+    # The node (the crawl's parent when cold, its grandparent when forked from a warm process) cannot be read, nor
+    # the warm process; nor this crawl by another crawl (its token): none is dumpable.
     node_pid = str(node.process.pid)
     assert probe["ancestors"][node_pid]["environ"].startswith("unreadable: PermissionError")
     assert [path for path in probe["files"] if path.endswith("scrapyd.conf")]  # it read the node's configuration
     if start == "warm":
         [warm] = [pid for pid in probe["ancestors"] if pid != node_pid]
-        assert "EXAMPLE_RECORD_DIR" in probe["ancestors"][warm]["environ"]  # readable, and holds no key (above)
+        assert "warm_process" in probe["ancestors"][warm]["cmdline"]
+        assert probe["ancestors"][warm]["environ"].startswith("unreadable: PermissionError")
+    assert probe["dumpable"] == 0
 
 
 def test_a_token_dies_with_its_job(unprivileged_node, database_url):

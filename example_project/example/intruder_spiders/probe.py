@@ -7,6 +7,7 @@ Importing this module records the importing process's environment and arguments 
 <EXAMPLE_RECORD_DIR>/imports.jsonl: ``scrapy list``, a warm process, a cold crawl.
 """
 
+import ctypes
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from example.recording import RecordingSpider
 
 MAX_FILE = 1024 * 1024
+PR_GET_DUMPABLE = 3
 
 
 def _record(name, record):
@@ -54,6 +56,7 @@ class ProbeSpider(RecordingSpider):
         _record("probes.jsonl", {
             "job": self.job,
             "environ": dict(os.environ),
+            "dumpable": ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0),
             "ancestors": {str(pid): {"cmdline": read(f"/proc/{pid}/cmdline"), "environ": read(f"/proc/{pid}/environ")}
                           for pid in ancestors},
             "files": files,
