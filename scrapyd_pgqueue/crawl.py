@@ -20,7 +20,8 @@ launcher as ``SCRAPY_JOB``). A crawl holds no database URL: it asks the node tha
 (``SCRAPYD_PGQUEUE_NODE_ADDRESS``), with a token of its own job (``SCRAPYD_PGQUEUE_CRAWL_TOKEN``) that dies with it.
 The node decides the project (the crawl's own) and refuses a parent outside the crawl's tree (``node/crawl_api.py``).
 
-Only the standard library is imported here, and nothing of Twisted's reactor: a crawl pays nothing to import it.
+Talking to the node takes only the standard library, imported at the first schedule; nothing here imports Twisted's
+reactor (the pipeline uses the one the crawl runs): a crawl pays nothing to import this module.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# The crawl's job id and project, as Scrapyd's environment and the node's launcher give them.
+# The crawl's job id, as the node's launcher gives it.
 JOB_VARIABLE = "SCRAPY_JOB"
-PROJECT_VARIABLE = "SCRAPY_PROJECT"
 # The egg version the crawl runs, when its job was pinned to one (Scrapyd sets it): children run the same.
 VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
 # Set by the node's launcher in every crawl's environment (never logged): where its node listens, and the crawl's
@@ -106,7 +106,8 @@ def schedule(
 ) -> str:
     """Schedule one child job of the running crawl now, in the crawl's own project; return its job id (for a tree
     key scheduled before, the job that has it). ``parent`` defaults to the running crawl (``NotInACrawlError`` when
-    there is none); ``ValueError`` says what is wrong with a job that cannot be scheduled."""
+    there is none); ``ValueError`` says what is wrong with a job that cannot be scheduled; ``NodeUnavailableError``:
+    the node or its database did not answer, nothing was stored."""
     follow_up = FollowUp(
         spider, args, settings, priority, unique_key, unique_scope, on_conflict, run_at, delay, retries,
         retry_delay, version, jobid,
@@ -115,7 +116,7 @@ def schedule(
 
 
 def schedule_many(follow_ups: Iterable[FollowUp], *, parent: str | None = None) -> list[str]:
-    """Schedule many child jobs of the running crawl in one statement, all or none, in their order; return their
+    """Schedule many child jobs of the running crawl in one request, all or none, in their order; return their
     job ids. A unique key may appear once in a call."""
     return _scheduler(parent).schedule(list(follow_ups))
 
@@ -332,6 +333,8 @@ class _Scheduler:
             return []
         status, answer = _ask_node(self.address, self.token, {"jobs": jobs})
         message = str(answer.get("message", answer))
+        if status == 200 and answer.get("status") == "error":  # a body over the node's max_request_bytes
+            raise ValueError(message)
         if status == 200:
             return [Enqueued(job["job"], bool(job["existing"])) for job in answer["jobs"]]
         if status == 401:

@@ -298,8 +298,9 @@ from scrapyd_pgqueue.config import Settings
 from scrapyd_pgqueue.node.crawl_api import CrawlApi
 from scrapyd_pgqueue.store import ClaimedJob, JobStore
 
-url, project, job, row_id, directory, tree_max_jobs = sys.argv[1:]
-settings = Settings(database_url=url, node_name="n", default_retries=2, tree_max_jobs=int(tree_max_jobs))
+url, project, job, row_id, directory, tree_max_jobs, database_timeout = sys.argv[1:]
+settings = Settings(database_url=url, node_name="n", default_retries=2, tree_max_jobs=int(tree_max_jobs),
+                    database_timeout=float(database_timeout), max_request_bytes=1024 * 1024)
 api = CrawlApi(settings, JobStore.for_settings(settings), "n")
 api.listen(directory)
 claimed = ClaimedJob(int(row_id), project, job, 1, {})
@@ -309,10 +310,12 @@ reactor.run()
 
 
 @contextlib.contextmanager
-def crawl_api_server(url, project, job, row_id, directory, tree_max_jobs=100_000):
-    """A node's crawl endpoint serving one running crawl: that crawl's environment (address and token)."""
+def crawl_api_server(url, project, job, row_id, directory, tree_max_jobs=100_000, database_timeout=30.0):
+    """A node's crawl endpoint (max_request_bytes 1 MB) serving one running crawl: that crawl's environment (address
+    and token)."""
     process = subprocess.Popen([sys.executable, "-c", CRAWL_API_SERVER, url, project, job, str(row_id),
-                                str(directory), str(tree_max_jobs)], stdout=subprocess.PIPE, text=True)
+                                str(directory), str(tree_max_jobs), str(database_timeout)], stdout=subprocess.PIPE,
+                               text=True)
     try:
         yield json.loads(process.stdout.readline())
     finally:

@@ -32,7 +32,7 @@ def running_root(database_url) -> int:
 def crawl_of_root(database_url, tmp_path, monkeypatch, row_id, **settings):
     """The environment a node gives the crawl of job "root" of project "p": its node's endpoint and token."""
     with crawl_api_server(database_url, "p", "root", row_id, tmp_path / "api", **settings) as env:
-        env.update({crawl.JOB_VARIABLE: "root", crawl.PROJECT_VARIABLE: "p"})
+        env[crawl.JOB_VARIABLE] = "root"
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         monkeypatch.setattr(crawl, "_schedulers", {})
@@ -136,6 +136,25 @@ def test_a_forged_token_schedules_nothing(database_url, in_a_crawl, monkeypatch)
     with pytest.raises(crawl.NotInACrawlError, match="unknown token: not a crawl running on this node"):
         crawl.schedule("page")
     assert query(database_url, "SELECT count(*) FROM spider_job WHERE parent IS NOT NULL") == [(0,)]
+
+
+def test_a_request_over_the_nodes_body_limit_is_refused_with_the_reason(database_url, in_a_crawl):
+    with pytest.raises(ValueError, match=r"takes at most 1048576 \(max_request_bytes\)"):
+        crawl.schedule("page", {"blob": "x" * 2 * 1024 * 1024})
+    assert query(database_url, "SELECT count(*) FROM spider_job WHERE parent IS NOT NULL") == [(0,)]
+
+
+def test_a_database_that_is_away_stores_nothing_and_says_so(stoppable_database, tmp_path, monkeypatch):
+    url, _, server = stoppable_database
+    with crawl_of_root(url, tmp_path, monkeypatch, running_root(url), database_timeout=3):
+        server.stop()
+        try:
+            with pytest.raises(crawl.NodeUnavailableError, match=r"\(503\)"):
+                crawl.schedule("page")
+        finally:
+            server.start()
+        child = crawl.schedule("page")
+    assert query(url, "SELECT job FROM spider_job WHERE parent = 'root'") == [(child,)]
 
 
 PIPELINE_SPIDER = """\

@@ -27,6 +27,7 @@ from twisted.web import resource, server
 
 from scrapyd_pgqueue import offload
 from scrapyd_pgqueue.crawl import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
+from scrapyd_pgqueue.request_limits import bounded_request_class
 
 log = Logger()
 
@@ -82,6 +83,9 @@ class CrawlApi(resource.Resource):
         os.chmod(directory, 0o700)
         path = os.path.join(directory, f"{os.getpid()}.sock")
         site = server.Site(self)
+        # A body over max_request_bytes is counted and dropped, never kept: a crawl cannot fill its node's memory.
+        site.requestFactory = bounded_request_class(self.node_name, self.settings.max_request_bytes,
+                                                    self.settings.max_request_bytes)
         site.log = lambda request: None  # no access log: nothing of a crawl's request is worth a line
         site.noisy = False
         if len(path.encode()) <= MAX_SOCKET_PATH:
