@@ -18,10 +18,9 @@ itself (it joins the crawl's tree: see the README's "Crawl trees")::
 The parent is the running crawl: Scrapyd gives it its job id as the spider argument ``_job`` (and the node's
 launcher as ``SCRAPY_JOB``). A crawl holds no database URL: it asks the node that runs it, over the node's Unix socket
 (``SCRAPYD_PGQUEUE_NODE_ADDRESS``), with a token of its own job (``SCRAPYD_PGQUEUE_CRAWL_TOKEN``) that dies with it.
-The node decides the project (the crawl's own) and refuses a parent outside the crawl's tree (``node/crawl_api.py``).
-
-Talking to the node takes only the standard library, imported at the first schedule; nothing here imports Twisted's
-reactor (the pipeline uses the one the crawl runs): a crawl pays nothing to import this module.
+The node decides the project (the crawl's own) and refuses a parent outside the crawl's tree (``node/crawl_api.py``;
+the crawl's side is ``crawl_node.py``, standard library only). Nothing here imports Twisted's reactor (the pipeline
+uses the one the crawl runs): a crawl pays nothing to import this module.
 """
 
 from __future__ import annotations
@@ -29,34 +28,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from scrapyd_pgqueue.crawl_node import (  # noqa: F401 - the API's errors and variables, importable from here
+    JOB_VARIABLE,
+    NODE_ADDRESS_VARIABLE,
+    TOKEN_VARIABLE,
+    NodeUnavailableError,
+    NotInACrawlError,
+    scheduler as _scheduler,
+)
+
 log = logging.getLogger(__name__)
 
-# The crawl's job id, as the node's launcher gives it.
-JOB_VARIABLE = "SCRAPY_JOB"
-# The egg version the crawl runs, when its job was pinned to one (Scrapyd sets it): children run the same.
-VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
-# Set by the node's launcher in every crawl's environment (never logged): where its node listens, and the crawl's
-# own token (its job's scope, valid while the crawl runs).
-NODE_ADDRESS_VARIABLE = "SCRAPYD_PGQUEUE_NODE_ADDRESS"
-TOKEN_VARIABLE = "SCRAPYD_PGQUEUE_CRAWL_TOKEN"
 # FollowUpPipeline's batch: follow-ups stored per request (the setting FOLLOW_UP_BATCH_SIZE changes it).
 BATCH_SIZE = 500
-# Seconds a request waits for its node; the node bounds its database work by its database_timeout.
-NODE_TIMEOUT = 300.0
-
-
-class NotInACrawlError(RuntimeError):
-    """The parent job or the node is unknown, or the node knows no such crawl: not a crawl started by a node of the
-    cluster (or one that has ended)."""
-
-
-class NodeUnavailableError(RuntimeError):
-    """The node or its database did not answer: nothing was stored, the same jobs may be sent again."""
 
 
 @dataclasses.dataclass
@@ -148,7 +135,7 @@ class FollowUpPipeline:
         self.sent_keys: set[str] = set()  # tree keys this crawl has scheduled already
         self.keys_on_their_way: set[str] = set()  # tree keys of the batches being stored
         self.standby: dict[str, dict] = {}  # a key found again while on its way: stored if the first is refused
-        self.scheduler: _Scheduler | None = None
+        self.scheduler = None  # crawl_node.Scheduler, at the first follow-up
         self.scheduled = 0
         self.added = 0
         self.known_spiders: set[str] | None = None
@@ -288,162 +275,3 @@ async def _awaitable(deferred):
     except ImportError:  # Scrapy before 2.6: coroutines run on Twisted's loop
         return await deferred
     return await maybe_deferred_to_future(deferred)
-
-
-# --- the node, asked at each schedule --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Enqueued:
-    """Where a scheduled job went: its job id, and whether the tree had its key already (no new job)."""
-
-    job: str
-    existing: bool
-
-
-class _Scheduler:
-    """One crawl's way into the queue: its parent, and its node's address and token."""
-
-    def __init__(self, address: str, token: str, parent: str):
-        self.address, self.token, self.parent = address, token, parent
-        self.version = os.environ.get(VERSION_VARIABLE) or None
-
-    def schedule(self, follow_ups: list[FollowUp]) -> list[str]:
-        jobs = []
-        for index, follow_up in enumerate(follow_ups):
-            try:
-                jobs.append(self.job(follow_up))
-            except ValueError as e:
-                raise ValueError(f"follow-up {index}: {e}" if len(follow_ups) > 1 else str(e)) from None
-        try:
-            return [job.job for job in self.enqueue(jobs)]
-        except _RefusedAt as e:
-            raise ValueError(f"follow-up {e.index}: {e}" if len(jobs) > 1 else str(e)) from None
-
-    def job(self, follow_up: FollowUp) -> dict[str, Any]:
-        """The job object the node checks by schedule_batch.json's rules; ValueError for what is plainly wrong."""
-        if not isinstance(follow_up.spider, str) or not follow_up.spider:
-            raise ValueError(f"the spider must be a non-empty string, not {follow_up.spider!r}")
-        return self._job_object(follow_up)
-
-    def enqueue(self, jobs: list[dict[str, Any]]) -> list[Enqueued]:
-        """Store jobs through the node, all or none: where each went. ValueError when the node refuses them,
-        ``NodeUnavailableError`` when it or its database did not answer."""
-        if not jobs:
-            return []
-        status, answer = _ask_node(self.address, self.token, {"jobs": jobs})
-        message = str(answer.get("message", answer))
-        if status == 200 and answer.get("status") == "error":  # a body over the node's max_request_bytes
-            raise ValueError(message)
-        if status == 200:
-            return [Enqueued(job["job"], bool(job["existing"])) for job in answer["jobs"]]
-        if status == 401:
-            raise NotInACrawlError(f"cannot schedule follow-up jobs: the node refused: {message}")
-        if status in (400, 403, 404):
-            raise _RefusedAt(message, answer.get("index")) if answer.get("index") is not None else ValueError(message)
-        raise NodeUnavailableError(f"the node did not store the jobs ({status}): {message}")
-
-    def enqueue_each(self, jobs: list[dict[str, Any]]) -> tuple[list, Exception | None]:
-        """Store jobs in their order, in one request unless the node refuses some: then in halves, down to each
-        refused job alone, so that a refused job loses only itself. Each job's outcome (``Enqueued``, the ValueError
-        that refused it, or None: not stored because the node or its database was away), and that error."""
-        outcomes: list = [None] * len(jobs)
-        spans = [(0, len(jobs))]  # still to store, in order
-        while spans:
-            start, end = spans.pop(0)
-            try:
-                outcomes[start:end] = self.enqueue(jobs[start:end])
-            except ValueError as e:
-                if end - start == 1:
-                    outcomes[start] = ValueError(str(e))
-                else:
-                    middle = (start + end) // 2
-                    spans[:0] = [(start, middle), (middle, end)]
-            except NodeUnavailableError as e:
-                return outcomes, e
-        return outcomes, None
-
-    def _job_object(self, follow_up: FollowUp) -> dict[str, Any]:
-        job: dict[str, Any] = {
-            "spider": follow_up.spider,
-            "priority": follow_up.priority,
-            "args": dict(follow_up.args or {}),
-            "settings": dict(follow_up.settings or {}),
-            "parent": self.parent,
-        }
-        version = follow_up.version or self.version
-        optional = {
-            # A job id named here, so that the log line of a refused follow-up names it.
-            "version": version, "jobid": follow_up.jobid or uuid.uuid1().hex, "run_at": follow_up.run_at,
-            "delay": follow_up.delay,
-            "retries": follow_up.retries, "retry_delay": follow_up.retry_delay,
-            "on_conflict": follow_up.on_conflict,
-        }
-        job.update((name, value) for name, value in optional.items() if value is not None)
-        if follow_up.unique_key is not None:
-            job["unique_key"] = follow_up.unique_key
-            job["unique_scope"] = follow_up.unique_scope
-        return job
-
-
-class _RefusedAt(ValueError):
-    """The node refused the job at ``index`` of a request by its own checks."""
-
-    def __init__(self, message: str, index: int):
-        super().__init__(message)
-        self.index = index
-
-
-def _ask_node(address: str, token: str, body: dict) -> tuple[int, dict]:
-    """POST ``body`` to the node's /schedule: its status and JSON answer. NodeUnavailableError when it cannot be
-    reached or answers no JSON."""
-    import http.client
-    import json
-    import socket
-
-    kind, _, where = address.partition(":")
-    if kind == "unix":
-        connection = http.client.HTTPConnection("localhost", timeout=NODE_TIMEOUT)
-        connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.sock.settimeout(NODE_TIMEOUT)
-    else:
-        host, _, port = where.rpartition(":")
-        connection = http.client.HTTPConnection(host, int(port), timeout=NODE_TIMEOUT)
-    try:
-        if kind == "unix":
-            connection.sock.connect(where)
-        connection.request("POST", "/schedule", json.dumps(body).encode(), {
-            "Content-Type": "application/json", "Authorization": f"Bearer {token}",
-        })
-        response = connection.getresponse()
-        data = response.read()
-    except OSError as e:
-        raise NodeUnavailableError(f"could not reach the node: {e}") from None
-    finally:
-        connection.close()
-    try:
-        return response.status, json.loads(data)
-    except ValueError:
-        raise NodeUnavailableError(f"the node answered {response.status} without JSON") from None
-
-
-_schedulers: dict[str, _Scheduler] = {}
-_lock = threading.Lock()
-
-
-def _scheduler(parent: str | None) -> _Scheduler:
-    """The crawl's scheduler: its node decides the project (the crawl's own, as its tree is)."""
-    parent = parent or os.environ.get(JOB_VARIABLE)
-    address = os.environ.get(NODE_ADDRESS_VARIABLE)
-    token = os.environ.get(TOKEN_VARIABLE)
-    missing = [what for what, value in (("parent job (SCRAPY_JOB)", parent),
-                                        (f"node ({NODE_ADDRESS_VARIABLE})", address),
-                                        (f"crawl token ({TOKEN_VARIABLE})", token)) if not value]
-    if missing:
-        raise NotInACrawlError(
-            f"cannot schedule follow-up jobs: no {', '.join(missing)}; run the crawl through a node of the cluster"
-        )
-    with _lock:
-        if parent not in _schedulers:
-            _schedulers[parent] = _Scheduler(address, token, parent)
-        return _schedulers[parent]

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from scrapyd_pgqueue import cli, crawl
+from scrapyd_pgqueue import cli, crawl, crawl_node
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
 from helpers import crawl_api_server, query
 
@@ -35,7 +35,7 @@ def crawl_of_root(database_url, tmp_path, monkeypatch, row_id, **settings):
         env[crawl.JOB_VARIABLE] = "root"
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        monkeypatch.setattr(crawl, "_schedulers", {})
+        monkeypatch.setattr(crawl_node, "_schedulers", {})
         yield env
 
 

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.web import resource, server
 
 from scrapyd_pgqueue import offload
-from scrapyd_pgqueue.crawl import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
+from scrapyd_pgqueue.crawl_node import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
 from scrapyd_pgqueue.request_limits import bounded_request_class
 
 log = Logger()
