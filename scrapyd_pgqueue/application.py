@@ -180,7 +180,7 @@ def application(config):
     from twisted.logger import Logger
 
     from scrapyd_pgqueue import config as pgconfig, db, roles
-    from scrapyd_pgqueue.request_limits import bound_request_bodies
+    from scrapyd_pgqueue.request_limits import judge_requests_on_their_headers
 
     refusal = open_to_the_network(config)
     if refusal:
@@ -192,7 +192,7 @@ def application(config):
     settings = pgconfig.settings(config)
     roles.warn_if_privileged(db.engine_for_settings(settings))
     app = scrapyd_application(config)
-    bound_request_bodies(app, settings)
+    judge_requests_on_their_headers(app, config, settings)
     return app
 
 
