@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from selenium.webdriver.common.by import By
 
-from helpers import jobs, runs_of, schedule, screenshot, wait_for
+from helpers import csp_violations, jobs, runs_of, schedule, screenshot, wait_for
 
 STOCK = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
 # Nodes 1 and 2 claim only at start-up (a poll an hour, no NOTIFY): every job scheduled later runs on node 3.
@@ -78,6 +78,7 @@ def test_a_job_scheduled_on_node1_running_on_node3_is_cancelled_from_node2s_page
     finished = {row["Job"]: row for row in section_rows(browser, "Finished")}
     assert finished["steered"]["Outcome"] == "cancelled" and finished["steered"]["Node"] == "node3"
     screenshot(browser, artifacts, "jobs-cancelled")
+    assert csp_violations(browser) == []  # the Cancel buttons' confirmation is the one script the policy allows
 
 
 def test_pending_jobs_in_run_order_cancelled_ones_without_start_and_user_text_escaped(
