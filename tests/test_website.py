@@ -5,6 +5,7 @@ a start; job ids and arguments from users shown as text, never run."""
 from __future__ import annotations
 
 import pytest
+import requests
 from selenium.webdriver.common.by import By
 
 from helpers import csp_violations, jobs, runs_of, schedule, screenshot, wait_for
@@ -108,3 +109,14 @@ def test_pending_jobs_in_run_order_cancelled_ones_without_start_and_user_text_es
     wait_for(lambda: "cancel.json" in browser.current_url, 10, "the cancel form to be sent")
     assert jobs(database_url, INJECTED_JOB)[INJECTED_JOB][:2] == ("terminated", "cancelled")
     node2.post("cancel.json", project="example", job="blocker")
+
+
+@pytest.mark.parametrize("hostile", ['"><script>window.injected=3</script>', "//evil.example", "/a b", "javascript:x"])
+def test_a_forwarded_prefix_is_put_in_links_only_when_it_is_a_path(database_url, start_cluster, hostile):
+    [node] = start_cluster(database_url, 1).nodes
+    for page in ("", "jobs", "dashboard"):  # Scrapyd's home page, and the cluster's
+        behind_a_proxy = requests.get(f"{node.url}{page}", headers={"X-Forwarded-Prefix": "/scrapyd/"}, timeout=30)
+        assert 'href="/scrapyd/' in behind_a_proxy.text and 'href="/scrapyd//' not in behind_a_proxy.text
+        served = requests.get(f"{node.url}{page}", headers={"X-Forwarded-Prefix": hostile}, timeout=30)
+        assert served.status_code == 200
+        assert hostile not in served.text and "evil.example" not in served.text and 'href="/' in served.text
