@@ -12,8 +12,10 @@ A request whose Content-Length is over its path's limit, or whose chunked body g
 body dropped the same way; once the body has arrived it is answered with Scrapyd's JSON error (HTTP 200, as
 Scrapyd's own refusals).
 
-Every response carries ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff`` and the pages'
-Content-Security-Policy (``web/page.py``).
+What Twisted refuses before a request exists (a request line or headers over 16 KiB, a malformed request) is
+answered with Scrapyd's JSON error too, with HTTP 400 (``JsonErrorChannel``). Every response carries
+``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff`` and the pages' Content-Security-Policy
+(``web/page.py``).
 """
 
 from __future__ import annotations
@@ -151,6 +153,34 @@ class BoundedRequest(server.Request):
         super().render(resrc)
 
 
+class JsonErrorChannel(http.HTTPChannel):
+    """Twisted's HTTP channel, answering what it refuses before a request exists with Scrapyd's JSON error: it
+    closes the connection without a word for a line over 16 KiB (a request line, or one header), and answers a
+    bare 400 for headers over 16 KiB in all, more than 500 headers, or a malformed request."""
+
+    node_name: str
+
+    def lineLengthExceeded(self, line):
+        self.refuse_and_disconnect(f"the request line or a header is over {self.MAX_LENGTH} bytes")
+
+    def _respondToBadRequestAndDisconnect(self):
+        if self._receivedHeaderSize > self.totalHeadersSize:
+            message = f"the request line and headers are over {self.totalHeadersSize} bytes in all"
+        elif self._receivedHeaderCount > self.maxHeaders:
+            message = f"the request has more than {self.maxHeaders} headers"
+        else:
+            message = "malformed request: its request line, a header, its chunked body or its form"
+        self.refuse_and_disconnect(message)
+
+    def refuse_and_disconnect(self, message: str) -> None:
+        answer = request_gate.json_error(self.node_name, message)
+        headers = {**SECURITY_HEADERS, b"Content-Type": b"application/json", b"Connection": b"close",
+                   b"Content-Length": str(len(answer)).encode()}
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n" + b"".join(
+            name + b": " + value + b"\r\n" for name, value in headers.items()) + b"\r\n" + answer)
+        self.loseConnection()
+
+
 def bounded_request_class(node_name: str, credentials: request_gate.Credentials, max_request_bytes: int,
                           max_egg_bytes: int) -> type[BoundedRequest]:
     return type("BoundedRequest", (BoundedRequest,), {
@@ -161,14 +191,17 @@ def bounded_request_class(node_name: str, credentials: request_gate.Credentials,
 
 def judge_requests_on_their_headers(app, config, settings) -> None:
     """Make every HTTP site of a Scrapyd application (its TCP and Unix servers) judge requests on their headers
-    and bound their bodies, in place of Scrapyd's basic authentication (which reads the body first)."""
+    and bound their bodies, in place of Scrapyd's basic authentication (which reads the body first), and answer
+    Twisted's own refusals in JSON."""
     request_class = bounded_request_class(settings.node_name, request_gate.Credentials.from_config(config),
                                           settings.max_request_bytes, settings.max_egg_bytes)
+    channel_class = type("JsonErrorChannel", (JsonErrorChannel,), {"node_name": settings.node_name})
     for service in IServiceCollection(app):
         for argument in getattr(service, "args", ()):
             if isinstance(argument, server.Site):
                 argument.resource = without_scrapyds_authentication(argument.resource)
                 argument.requestFactory = request_class
+                argument.protocol = channel_class
 
 
 def without_scrapyds_authentication(root):
