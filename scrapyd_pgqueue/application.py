@@ -181,7 +181,7 @@ def application(config):
 
     from scrapyd_pgqueue import config as pgconfig, db, roles
     from scrapyd_pgqueue.node import crawl_keys, spider_list
-    from scrapyd_pgqueue.request_limits import bound_request_bodies
+    from scrapyd_pgqueue.request_limits import judge_requests_on_their_headers
 
     crawl_keys.make_not_dumpable()  # crawls run as this user: they must not read its environment or memory
     refusal = open_to_the_network(config)
@@ -194,7 +194,7 @@ def application(config):
     settings = pgconfig.settings(config)
     roles.warn_if_privileged(db.engine_for_settings(settings))
     app = scrapyd_application(config)
-    bound_request_bodies(app, settings)
+    judge_requests_on_their_headers(app, config, settings)
     spider_list.install(app, crawl_keys.node_secrets(config, settings))
     return app
 

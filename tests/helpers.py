@@ -192,7 +192,13 @@ def chromium(width: int = 1280, height: int = 1400):
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for csp_violations
     return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+def csp_violations(driver) -> list[str]:
+    """What the browser refused under the pages' Content-Security-Policy since the last call (its console)."""
+    return [entry["message"] for entry in driver.get_log("browser") if "Content Security Policy" in entry["message"]]
 
 
 def screenshot(driver, directory, name: str):

@@ -11,7 +11,7 @@ from selenium.webdriver.common.by import By
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.store import COUNT_CAP, OverviewStore, overview
-from helpers import jobs, query, runs_of, schedule, screenshot, table_rows, wait_for
+from helpers import csp_violations, jobs, query, runs_of, schedule, screenshot, table_rows, wait_for
 
 BACKLOG = 126_000  # 21 spiders of 6,000: each counted exactly, under the cap
 
@@ -58,6 +58,7 @@ def test_the_dashboard_shows_what_the_database_holds(database_url, start_cluster
     assert failure[:4] == ["example", "sleeper", "broken", "failed"]
     assert json.loads(browser.find_element(By.ID, "chart-failed").get_attribute("data-total")) == 1
     screenshot(browser, artifacts, "dashboard")
+    assert csp_violations(browser) == []  # drawn as it is without anything the pages' policy refuses
     browser.find_element(By.XPATH, "//table[@id='failures']//a[text()='Log']").click()
     assert "asked to fail" in browser.find_element(By.TAG_NAME, "body").text  # the stored log, served by node 2
     assert len(runs_of(tmp_path, "broken")) == 1

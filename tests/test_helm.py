@@ -192,6 +192,10 @@ def test_each_node_is_named_after_its_pod_and_found_at_its_pod_address(helm):
     assert names.index("DATABASE_PASSWORD") < names.index("SCRAPYD_DATABASE_URL")
     for name, key in (("SCRAPYD_USERNAME", "username"), ("SCRAPYD_PASSWORD", "password")):
         assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "scrapyd-pgqueue-http", "key": key}
+    for name, key in (("SCRAPYD_READONLY_USERNAME", "readonly-username"),
+                      ("SCRAPYD_READONLY_PASSWORD", "readonly-password")):  # when the Secret has them
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "scrapyd-pgqueue-http", "key": key,
+                                                          "optional": True}
 
 
 @pytest.mark.parametrize("settings, stop_timeout", [

@@ -142,6 +142,21 @@ def test_basic_auth_comes_before_the_size_check(database, tmp_path):
                          "/schedule.json", MAX_REQUEST_BYTES, "max_request_bytes", node_name="guarded1")
 
 
+@pytest.mark.parametrize("target, headers", [
+    ("listjobs.json?project=" + "x" * 17000, {}),  # a request line over Twisted's 16 KiB
+    ("listjobs.json", {f"X-Padding-{index}": "x" * 1000 for index in range(17)}),  # headers over 16 KiB in all
+    ("listjobs.json", {"X-Padding": "x" * 17000}),  # one header line over 16 KiB
+])
+def test_a_request_line_or_headers_over_16_kib_get_scrapyds_json_error(node, target, headers):
+    response = requests.get(f"{node.url}{target}", headers=headers, timeout=30)
+    assert response.status_code == 400
+    assert response.headers["Content-Type"] == "application/json"
+    answer = response.json()
+    assert answer["status"] == "error" and answer["node_name"] == "node1", answer
+    assert "over 16384 bytes" in answer["message"], answer
+    assert node.get("daemonstatus.json")["status"] == "ok"  # the node serves the next request
+
+
 @pytest.mark.parametrize("option, value", [("max_request_bytes", "0"), ("max_egg_bytes", "-1"),
                                            ("max_request_bytes", "8M")])
 def test_a_limit_that_is_not_a_positive_number_of_bytes_stops_the_node_at_start_up(option, value):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from sqlalchemy import make_url
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG, LocalCluster
-from helpers import jobs, query, wait_for
+from helpers import ends, jobs, query, schedule, wait_for
 
 PASSWORD = "node-s3cret-pw"
 COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
@@ -192,3 +193,23 @@ def test_a_node_whose_role_is_a_superuser_warns_once_at_start_up(database_url, s
     log = wait_for(lambda: (text := node.logfile.read_text()) and WARNING in text and text, 30, "the warning")
     assert log.count(WARNING) == 1
     assert "is a superuser (COPY ... TO PROGRAM" in log and "scrapyd-pgqueue grant ROLE" in log
+
+
+def test_a_spider_that_replaces_its_log_with_a_fifo_delays_no_finish(database_url, start_cluster, tmp_path):
+    [node] = start_cluster(database_url, 1, base_config=INTRUDER_CONFIG, max_proc="1").nodes
+    answer = node.post("schedule.json", project="intruder", spider="fifo_log", jobid="fifo")
+    assert answer["status"] == "ok", answer
+    wait_for(lambda: jobs(database_url, "fifo")["fifo"][:2] == ("terminated", "finished"), 60,
+             "the probe's own finish")
+    [record] = [json.loads(line) for line in (tmp_path / "records" / "fifos.jsonl").read_text().splitlines()]
+    assert stat.S_ISFIFO(os.lstat(record["fifo"]).st_mode)  # still there: the node read nothing from it
+
+    schedule(node, "after", spider="quotes")
+    wait_for(lambda: jobs(database_url, "after")["after"][:2] == ("terminated", "finished"), 60,
+             "the next job's finish")
+    [closed] = [end["ended"] for end in ends(tmp_path) if end["job"] == "after"]
+    lag = query(database_url, "SELECT extract(epoch FROM end_time) FROM spider_job WHERE job = 'after'")[0][0]
+    print(f"\nthe job after the FIFO: recorded finished {float(lag) - closed:.2f} s after its spider closed")
+    stored = dict(query(database_url, "SELECT j.job, l.log IS NOT NULL FROM spider_job AS j "
+                                      "LEFT JOIN job_log AS l ON l.job_id = j.id"))
+    assert stored == {"fifo": False, "after": True}  # the FIFO is not a log to keep; the next job's log is

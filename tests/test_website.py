@@ -5,9 +5,10 @@ a start; job ids and arguments from users shown as text, never run."""
 from __future__ import annotations
 
 import pytest
+import requests
 from selenium.webdriver.common.by import By
 
-from helpers import jobs, runs_of, schedule, screenshot, wait_for
+from helpers import csp_violations, jobs, runs_of, schedule, screenshot, wait_for
 
 STOCK = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
 # Nodes 1 and 2 claim only at start-up (a poll an hour, no NOTIFY): every job scheduled later runs on node 3.
@@ -78,6 +79,7 @@ def test_a_job_scheduled_on_node1_running_on_node3_is_cancelled_from_node2s_page
     finished = {row["Job"]: row for row in section_rows(browser, "Finished")}
     assert finished["steered"]["Outcome"] == "cancelled" and finished["steered"]["Node"] == "node3"
     screenshot(browser, artifacts, "jobs-cancelled")
+    assert csp_violations(browser) == []  # the Cancel buttons' confirmation is the one script the policy allows
 
 
 def test_pending_jobs_in_run_order_cancelled_ones_without_start_and_user_text_escaped(
@@ -107,3 +109,14 @@ def test_pending_jobs_in_run_order_cancelled_ones_without_start_and_user_text_es
     wait_for(lambda: "cancel.json" in browser.current_url, 10, "the cancel form to be sent")
     assert jobs(database_url, INJECTED_JOB)[INJECTED_JOB][:2] == ("terminated", "cancelled")
     node2.post("cancel.json", project="example", job="blocker")
+
+
+@pytest.mark.parametrize("hostile", ['"><script>window.injected=3</script>', "//evil.example", "/a b", "javascript:x"])
+def test_a_forwarded_prefix_is_put_in_links_only_when_it_is_a_path(database_url, start_cluster, hostile):
+    [node] = start_cluster(database_url, 1).nodes
+    for page in ("", "jobs", "dashboard"):  # Scrapyd's home page, and the cluster's
+        behind_a_proxy = requests.get(f"{node.url}{page}", headers={"X-Forwarded-Prefix": "/scrapyd/"}, timeout=30)
+        assert 'href="/scrapyd/' in behind_a_proxy.text and 'href="/scrapyd//' not in behind_a_proxy.text
+        served = requests.get(f"{node.url}{page}", headers={"X-Forwarded-Prefix": hostile}, timeout=30)
+        assert served.status_code == 200
+        assert hostile not in served.text and "evil.example" not in served.text and 'href="/' in served.text

@@ -10,7 +10,6 @@ finish stays written whatever the prune does (a role without DELETE, a prune pas
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from scrapyd.exceptions import DirectoryTraversalError
 from scrapyd.interfaces import IJobStorage
 from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.log_files import read_log_tail
 from scrapyd_pgqueue.statuses import FINISHED
 from scrapyd_pgqueue.store import AllJobsStore, JobStore, QueueMaintenance, local_time
 from scrapyd_pgqueue.throttled_log import ThrottledLog
@@ -115,12 +115,9 @@ class PostgresJobStorage:
             return
         try:
             path = get_file_path(self.logs_dir, job.project, job.spider, f"{job.job}.log").path
-            with open(path, "rb") as file:
-                size = os.fstat(file.fileno()).st_size
-                file.seek(max(0, size - self.log_max_bytes))
-                tail = file.read(self.log_max_bytes)
+            size, tail = read_log_tail(path, self.log_max_bytes)
         except (OSError, DirectoryTraversalError):
-            return  # no log: the crawl never started
+            return  # no log (the crawl never started), or not a regular file of its own
         if size > len(tail):
             tail = (f"[first {size - len(tail)} of {size} bytes left out (log_max_bytes); the whole log is in "
                     f"logs_dir on node {self.node}]\n").encode() + tail
@@ -149,3 +146,4 @@ class PostgresJobStorage:
                 exit_code=row.exit_code,
                 reason=row.reason,
             )
+

@@ -27,6 +27,7 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue import offload
 from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.log_files import is_inside, open_log
 from scrapyd_pgqueue.job_requests import (
     MAX_BATCH_JOBS,
     OPTION_FIELDS,
@@ -239,7 +240,7 @@ class Logs(resource.Resource):
     def __init__(self, root):
         super().__init__()
         self.root = root
-        self.local = File(root.logs_dir, "text/plain") if root.logs_dir else None
+        self.local = LogFiles(root.logs_dir, "text/plain") if root.logs_dir else None
 
     @functools.cached_property
     def store(self) -> AllJobsStore:
@@ -259,6 +260,8 @@ class Logs(resource.Resource):
         if self.local is None:
             return resource.NoResource().render(request)
         child = resource.getChildForRequest(self.local, request)
+        if isinstance(child, static.File) and not is_inside(child.path, self.root.logs_dir):
+            return resource.NoResource("No such log.").render(request)  # a crawl's link out of logs_dir
         if isinstance(child, static.File) and child.isfile():
             clamp_suffix_ranges(request, child.getFileSize())
         return child.render(request)
@@ -287,6 +290,13 @@ class Logs(resource.Resource):
         metrics.DATABASE_ERRORS.labels("web").inc()
         message = f"The job queue is unavailable: {failure.getErrorMessage()}"
         return resource.ErrorPage(http.SERVICE_UNAVAILABLE, "Unavailable", message).render(request)
+
+
+class LogFiles(File):
+    """Scrapyd's log files, each opened as ``log_files.open_log`` opens it: a FIFO or a link is not found."""
+
+    def openForReading(self):
+        return open_log(self.path)
 
 
 class Schedule(DatabaseService):

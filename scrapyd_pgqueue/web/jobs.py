@@ -17,7 +17,7 @@ from urllib.parse import urljoin, urlsplit
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, AllJobsStore, OverviewStore, local_time
-from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, no_microseconds, quoted_log_path
+from scrapyd_pgqueue.web.page import CANCEL_CONFIRM, ThreadedPage, document, esc, no_microseconds, quoted_log_path
 
 STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
 EXTRA_HEADERS = ["Node", "Outcome"]
@@ -122,7 +122,7 @@ class Rows:
         return row_html(f"<td>{'' if values.get(h) is None else values[h]}</td>" for h in self.page.headers)
 
     def cancel_button(self, project: str, job: str) -> str:
-        return (f'<form method="post" onsubmit="return confirm(\'Are you sure?\');" action="{self.base}/cancel.json">'
+        return (f'<form method="post" onsubmit="{CANCEL_CONFIRM}" action="{self.base}/cancel.json">'
                 f'<input type="hidden" name="project" value="{esc(project)}">'
                 f'<input type="hidden" name="job" value="{esc(job)}">'
                 f'<input type="submit" style="float: left;" value="Cancel"></form>')

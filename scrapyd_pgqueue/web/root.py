@@ -9,6 +9,7 @@ from scrapyd.website import Root as ScrapydRoot
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.web.dashboard import DashboardPage
 from scrapyd_pgqueue.web.jobs import JobsPage
+from scrapyd_pgqueue.web.page import forwarded_prefix
 
 
 class Root(ScrapydRoot):
@@ -29,7 +30,11 @@ class Root(ScrapydRoot):
 
 
 class Home(ScrapydHome):
-    """Scrapyd's home page, with a link to the dashboard after the one to the jobs."""
+    """Scrapyd's home page, with a link to the dashboard after the one to the jobs; its links' forwarded prefix
+    validated and escaped (Scrapyd's puts the header in the page as it comes)."""
+
+    def get_base_path(self, txrequest):
+        return forwarded_prefix(txrequest, self.root.prefix_header)
 
     def render_GET(self, txrequest):
         content = super().render_GET(txrequest)
