@@ -33,6 +33,7 @@ from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
+from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
@@ -263,6 +264,8 @@ class PostgresLauncher(Launcher):
 
     @staticmethod
     def _egg_not_fetched(failure, message):
+        if failure.check(EggRefused):  # altered in the database: the job fails (_spawn_crawl), nothing runs it
+            return failure.value
         log.error("Could not fetch the egg of project {project} for job {job}, the crawl looks it up itself: {error}",
                   project=message["_project"], job=message["_job"], error=failure.getErrorMessage())
         return None
@@ -277,6 +280,8 @@ class PostgresLauncher(Launcher):
         process.claimed = claimed
         process.on_started = self.crawl_started
         try:
+            if isinstance(egg, EggRefused):
+                raise egg
             environment = self.app.getComponent(IEnvironment)
             message.setdefault("settings", {})
             message["settings"].update(environment.get_settings(message))
