@@ -113,7 +113,8 @@ def unambiguous(url: str, source: str) -> str:
 
     ambiguity = url_ambiguity(url)
     if ambiguity:
-        raise ConfigurationError(f"the database URL of {source} is ambiguous: {ambiguity}")
+        raise ConfigurationError(f"the database URL of {source} is ambiguous: {ambiguity} (in scrapyd.conf, "
+                                 "write each '%' as '%%')")
     return url
 
 
