@@ -322,8 +322,9 @@ def _no_shadowing(connection, run, role: str, schema: tuple[str, int]) -> list[s
             run(revoke_create)
     if connection.execute(text("SELECT has_schema_privilege(:role, CAST(:schema AS oid), 'CREATE')"),
                           {"role": role, "schema": schema[1]}).scalar():
+        command = revoke_create.as_string(connection.driver_connection)
         warnings.append(f"'{role}' may create objects in the queue's schema (PUBLIC's right on schema public on "
-                        f"Postgres 14 and older): run as the schema's owner: {revoke_create.as_string(connection.driver_connection)}")
+                        f"Postgres 14 and older): run as the schema's owner: {command}")
     return warnings
 
 

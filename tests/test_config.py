@@ -35,7 +35,8 @@ def test_warm_starts_are_on_by_default_and_need_one_warm_process_at_least():
 @pytest.mark.parametrize("option", ["database_url", "listen_url"])
 def test_an_ambiguous_database_url_is_refused_at_start_up_and_never_shown(option, password):
     values = {**URL, option: f"postgresql://scrapyd:{password}@db.internal:5432/scrapyd"}
-    with pytest.raises(ConfigurationError, match=f"{option}' is ambiguous: an unencoded '@', '/', '#', '.' or ':'") as e:
+    refusal = f"{option}' is ambiguous: an unencoded '@', '/', '#', '.' or ':'"
+    with pytest.raises(ConfigurationError, match=refusal) as e:
         settings(Config(values=values))
     assert not any(part in str(e.value) for part in ("Xq7", "Zk9"))
     # Percent-encoded, as the message says ('%%' in Scrapyd's configuration, which interpolates '%'): accepted.

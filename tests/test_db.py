@@ -456,7 +456,8 @@ def test_0010_pins_every_function_s_search_path_and_gives_each_stored_egg_its_sh
     _migrate_to(database_url, "0010")
 
     assert set(dict(query(database_url, paths)).values()) == {"search_path=public, pg_temp"}
-    stored = {version: bytes(digest) for version, digest in query(database_url, "SELECT version, sha256 FROM project_egg")}
+    digests = query(database_url, "SELECT version, sha256 FROM project_egg")
+    stored = {version: bytes(digest) for version, digest in digests}
     assert stored == {version: hashlib.sha256(egg).digest() for version, egg in eggs.items()}
     with pytest.raises(psycopg2.errors.NotNullViolation):  # every egg has one from now on
         query(database_url, "INSERT INTO project_egg (project, version, egg) VALUES ('p', 'x', 'egg')")

@@ -232,7 +232,8 @@ def test_grant_leaves_an_unrelated_table_unreadable_and_names_it(roles):
     query(roles["owner_url"], "CREATE TABLE customers AS SELECT 'a customer' AS name")
     # What an earlier version of grant left: rights on every table of the owner's, and by default on later ones.
     query(roles["owner_url"], f"GRANT ALL ON customers TO {node}")
-    query(roles["owner_url"], f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public GRANT ALL ON TABLES TO {node}")
+    query(roles["owner_url"],
+          f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public GRANT ALL ON TABLES TO {node}")
 
     warned = scrapyd_pgqueue("grant", node, database_url=roles["owner_url"])
     assert "holds objects that are not the queue's: public.customers (table)" in warned.stderr, warned.stderr

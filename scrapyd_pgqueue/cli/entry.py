@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"the role's {setting} (0: none; default {RoleLimits.DEFAULTS[setting]:g}, set only "
                                 "when the role has none)")
     grant.add_argument("--connection-limit", type=int, metavar="N",
-                       help="the role's CONNECTION LIMIT (-1: none; default: max_connections less the reserved "
-                            f"ones and {OTHER_ROLES_CONNECTIONS} for other roles, set only when the role has none)")
+                       help="the role's CONNECTION LIMIT (-1: none, until a grant without this option sets the "
+                            f"default: max_connections less the reserved ones and {OTHER_ROLES_CONNECTIONS} for other "
+                            "roles, set only when the role has none)")
     grant.set_defaults(run=run_grant)
 
     queue.add_commands(commands, database_url_argument)  # status, requeue, cancel, enqueue, prune
