@@ -46,11 +46,14 @@ def _sha256(data: bytes) -> bytes:
 
 def _file_sha256(path: str) -> bytes | None:
     """The file's sha256, None when there is no such file."""
+    digest = hashlib.sha256()
     try:
         with open(path, "rb") as file:
-            return hashlib.file_digest(file, "sha256").digest()
+            while chunk := file.read(1 << 20):  # hashlib.file_digest is Python 3.11's
+                digest.update(chunk)
     except FileNotFoundError:
         return None
+    return digest.digest()
 
 
 def check_egg(project: str, version: str, stored, egg: bytes) -> None:
