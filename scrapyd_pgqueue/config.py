@@ -104,6 +104,17 @@ def database_url(config=None) -> str:
             f"no database URL: set '{DATABASE_URL_OPTION}' in the [scrapyd] section of scrapyd.conf "
             f"or the {DATABASE_URL_VARIABLE} environment variable (postgresql://user:password@host:5432/db)"
         )
+    return unambiguous(url, f"{DATABASE_URL_VARIABLE} or '{DATABASE_URL_OPTION}'")
+
+
+def unambiguous(url: str, source: str) -> str:
+    """``url``, or a ConfigurationError (which quotes none of it) when libpq may read it otherwise than meant."""
+    from scrapyd_pgqueue.sql import url_ambiguity  # psycopg2's import: not for every crawl that reads this module
+
+    ambiguity = url_ambiguity(url)
+    if ambiguity:
+        raise ConfigurationError(f"the database URL of {source} is ambiguous: {ambiguity} (in scrapyd.conf, "
+                                 "write each '%' as '%%')")
     return url
 
 
@@ -138,7 +149,8 @@ def settings(config=None) -> Settings:
         log_max_bytes=number("log_max_bytes", 1024 * 1024, int),
         database_pool_size=number("database_pool_size", 2, int),
         database_timeout=number("database_timeout", 30.0),
-        listen_url=os.environ.get(LISTEN_URL_VARIABLE) or _get(config, LISTEN_URL_OPTION, ""),
+        listen_url=unambiguous(os.environ.get(LISTEN_URL_VARIABLE) or _get(config, LISTEN_URL_OPTION, ""),
+                               f"{LISTEN_URL_VARIABLE} or '{LISTEN_URL_OPTION}'"),
         on_lease_lost=on_lease_lost,
         poll_interval=number("poll_interval", 5.0),
         default_retries=number("default_retries", 0, int),

@@ -234,8 +234,11 @@ def get_engine(
 
 
 def _create_engine(url: str, pool_size: int, timeout: float, application_name: str) -> Engine:
-    # Fixed: busy means wait (up to ``timeout``), never one more connection.
-    return Engine(url, pool_size=pool_size, timeout=timeout, connect_args={"application_name": application_name})
+    try:
+        # Fixed: busy means wait (up to ``timeout``), never one more connection.
+        return Engine(url, pool_size=pool_size, timeout=timeout, connect_args={"application_name": application_name})
+    except ValueError as e:  # not a URL, or an ambiguous one: no connection is tried, nothing of it is shown
+        raise DatabaseError(str(e)) from None
 
 
 class translate_errors:

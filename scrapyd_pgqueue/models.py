@@ -157,6 +157,7 @@ class ProjectEgg(Base):
     project: Mapped[str] = mapped_column(Text)
     version: Mapped[str] = mapped_column(Text)
     egg: Mapped[bytes] = mapped_column(LargeBinary)
+    sha256: Mapped[bytes] = mapped_column(LargeBinary)  # of egg, checked before a crawl runs it (migration 0010)
     created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
 
     __table_args__ = (UniqueConstraint("project", "version", name="project_egg_project_version_key"),)

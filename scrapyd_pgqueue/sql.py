@@ -36,6 +36,26 @@ class DatabaseAddress:
     username: str | None
 
 
+_URL_SCHEME = re.compile(r"^postgres(ql)?(\+psycopg2)?://")
+
+
+def url_ambiguity(url: str) -> str | None:
+    """Why libpq may read ``url`` otherwise than its writer meant, without quoting any of it; None: it will not.
+
+    libpq ends the user and password at the first '@' and the host at the first '/': a password with an unencoded
+    '@' or '/' sends the rest of it as the host (which errors then show), and other parsers (SQLAlchemy's, urllib's)
+    also split at '#', '?' and ':'. Whatever precedes the URL's last '@' is taken for the user and password."""
+    matched = _URL_SCHEME.match(url.strip())
+    rest = url.strip()[matched.end():] if matched else ""  # a key=value string quotes its values: never ambiguous
+    if "@" not in rest:
+        return None
+    user, _, password = rest[:rest.rindex("@")].partition(":")
+    if any(mark in password for mark in "@/#?:") or any(mark in user for mark in "@/#?"):
+        return ("an unencoded '@', '/', '#', '?' or ':' in its user or password (before its last '@'), which libpq "
+                "would read as the end of that part: percent-encode them (%40, %2F, %23, %3F, %3A)")
+    return None
+
+
 def driver_dsn(url: str) -> str:
     """A database URL as libpq takes it: SQLAlchemy's ``postgresql+psycopg2://`` and ``postgres://`` spellings too."""
     return re.sub(r"^postgres(ql)?(\+psycopg2)?://", "postgresql://", url.strip())
@@ -43,7 +63,11 @@ def driver_dsn(url: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def address_of(url: str) -> DatabaseAddress:
-    """Host, port, database and user of a URL or a libpq connection string (libpq's own parser)."""
+    """Host, port, database and user of a URL or a libpq connection string (libpq's own parser); ValueError for
+    one that is not, or is ambiguous (``url_ambiguity``)."""
+    ambiguity = url_ambiguity(url)
+    if ambiguity:
+        raise ValueError(f"ambiguous database URL: {ambiguity}")
     try:
         parts = psycopg2.extensions.parse_dsn(driver_dsn(url))
     except psycopg2.ProgrammingError:

@@ -93,7 +93,10 @@ psycopg2.extensions.set_wait_callback(_wait_for_socket)
 
 def describe(url: str | DatabaseAddress) -> str:
     """Where the database is, for messages: host, port and name, no password."""
-    parsed = address_of(url) if isinstance(url, str) else url
+    try:
+        parsed = address_of(url) if isinstance(url, str) else url
+    except ValueError:  # not a URL, or an ambiguous one whose "host" may be the end of its password
+        return "(a database URL that is not valid)"
     return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
 
 

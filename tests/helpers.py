@@ -100,7 +100,7 @@ def node_role(admin_connection, database_url, role, attributes=""):
 
     with admin_connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE {role} LOGIN {attributes}")
-    assert roles.grant_node_role(db.get_engine(database_url), role) == []
+    assert roles.grant_node_role(db.get_engine(database_url), role) == roles.Granted()  # no risk, no warning
     return make_url(database_url).set(username=role).render_as_string(hide_password=False)
 
 

@@ -28,3 +28,18 @@ def test_warm_starts_are_on_by_default_and_need_one_warm_process_at_least():
     assert (given.warm_start, given.warm_processes, given.warm_idle_timeout) == (False, 2, 30.0)
     with pytest.raises(ConfigurationError, match="'warm_processes' must be at least 1"):
         settings(Config(values={**URL, "warm_start": "on", "warm_processes": "0"}))
+
+
+
+@pytest.mark.parametrize("password", ["Xq7@Zk9", "Xq7/Zk9", "Xq7#Zk9", "Xq7?Zk9", "Xq7:Zk9"])
+@pytest.mark.parametrize("option", ["database_url", "listen_url"])
+def test_an_ambiguous_database_url_is_refused_at_start_up_and_never_shown(option, password):
+    values = {**URL, option: f"postgresql://scrapyd:{password}@db.internal:5432/scrapyd"}
+    refusal = f"{option}' is ambiguous: an unencoded '@', '/', '#', '.' or ':'"
+    with pytest.raises(ConfigurationError, match=refusal) as e:
+        settings(Config(values=values))
+    assert not any(part in str(e.value) for part in ("Xq7", "Zk9"))
+    # Percent-encoded, as the message says ('%%' in Scrapyd's configuration, which interpolates '%'): accepted.
+    encoded = {"@": "%%40", "/": "%%2F", "#": "%%23", "?": "%%3F", ":": "%%3A"}
+    quoted = "".join(encoded.get(character, character) for character in password)
+    settings(Config(values={**URL, option: f"postgresql://scrapyd:{quoted}@db.internal:5432/scrapyd"}))

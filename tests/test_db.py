@@ -1,12 +1,17 @@
 """The connector: one engine per process, migrations under a lock, clear errors without the password."""
 
 import datetime
+import hashlib
 import logging
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psycopg2
 
@@ -17,6 +22,7 @@ from sqlalchemy import make_url
 
 from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db
 from scrapyd_pgqueue.local import devdb
+from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.config import ConfigurationError
 from scrapyd_pgqueue.store import AllJobsStore, JobStore
@@ -433,3 +439,50 @@ def test_0009_upgrades_a_populated_queue_whose_claim_then_takes_one_statement_wh
     assert sorted(query(database_url, settings)) == [("claim_spider_jobs", None), ("spider_job_next_due", None)]
     assert len(store.claim_next_jobs(["p"], 2, node="n", worker="w").jobs) == 2
     assert query(database_url, "SELECT count(*) FROM spider_job") == [(3000,)]
+
+
+def test_0010_pins_every_function_s_search_path_and_gives_each_stored_egg_its_sha256(database_url):
+    _migrate_to(database_url, "0009")
+    eggs = {f"{version}": os.urandom(100_000) for version in range(3)}
+    for version, egg in eggs.items():
+        query(database_url, "INSERT INTO project_egg (project, version, egg) VALUES ('p', %s, %s)",
+              (version, psycopg2.Binary(egg)))
+    paths = "SELECT proname, (SELECT s FROM unnest(proconfig) AS s WHERE s LIKE 'search_path=%%') FROM pg_proc " \
+            "WHERE pronamespace = 'public'::regnamespace ORDER BY 1"
+    assert dict(query(database_url, paths)) == {
+        "claim_spider_jobs": None, "scrapyd_pgqueue_wanted_nodes": "search_path=public, pg_temp",
+        "spider_job_running": None, "spider_tree_count": None}
+
+    _migrate_to(database_url, "0010")
+
+    assert set(dict(query(database_url, paths)).values()) == {"search_path=public, pg_temp"}
+    digests = query(database_url, "SELECT version, sha256 FROM project_egg")
+    stored = {version: bytes(digest) for version, digest in digests}
+    assert stored == {version: hashlib.sha256(egg).digest() for version, egg in eggs.items()}
+    with pytest.raises(psycopg2.errors.NotNullViolation):  # every egg has one from now on
+        query(database_url, "INSERT INTO project_egg (project, version, egg) VALUES ('p', 'x', 'egg')")
+
+    _migrate_to(database_url, "0009", down=True)
+    assert dict(query(database_url, paths))["claim_spider_jobs"] is None
+    assert query(database_url, "SELECT count(*) FROM project_egg") == [(3,)]
+
+
+# A password with an unencoded '@' and '/': libpq would take "Zk9" for the host and "Wm3@..." for the database.
+AMBIGUOUS_URL = "postgresql://scrapyd:Xq7@Zk9/Wm3@db.internal:5432/scrapyd"
+PASSWORD_PARTS = ("Xq7", "Zk9", "Wm3")
+
+
+def test_an_ambiguous_database_url_is_refused_before_any_connection_and_never_shown(tmp_path):
+    with pytest.raises(db.DatabaseError) as raised:
+        db.get_engine(AMBIGUOUS_URL)
+    assert "ambiguous database URL" in str(raised.value)
+    assert db.describe(AMBIGUOUS_URL) == "(a database URL that is not valid)"  # not "Zk9:5432/Wm3@..."
+    cli = subprocess.run([str(Path(sys.executable).parent / "scrapyd-pgqueue"), "migrate"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "SCRAPYD_DATABASE_URL": AMBIGUOUS_URL})
+    assert cli.returncode == 2 and "ambiguous database URL" in cli.stderr, cli.stderr
+    with pytest.raises(RuntimeError, match="exited at start-up") as refused:
+        LocalCluster(AMBIGUOUS_URL, 1, directory=tmp_path / "node").start()
+    assert "database URL of SCRAPYD_DATABASE_URL or 'database_url' is ambiguous" in str(refused.value)
+    shown = [str(raised.value), cli.stdout + cli.stderr, str(refused.value)]
+    shown += [log.read_text(errors="replace") for log in (tmp_path / "node").rglob("*.log")]
+    assert not any(part in text for part in PASSWORD_PARTS for text in shown)

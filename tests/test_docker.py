@@ -306,6 +306,9 @@ def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     # Statements through PgBouncer in transaction mode, the one listener straight to Postgres.
     pgbouncer = services["pgbouncer"]
     assert pgbouncer["environment"]["POOL_MODE"] == "transaction"
+    # A session's SET or temporary table is discarded after every transaction, not left for the next client.
+    assert (pgbouncer["environment"]["SERVER_RESET_QUERY"], pgbouncer["environment"]["SERVER_RESET_QUERY_ALWAYS"]) == (
+        "DISCARD ALL", "1")
     assert "options" not in pgbouncer["environment"].get("IGNORE_STARTUP_PARAMETERS", "")
     upstream = urllib.parse.urlsplit(pgbouncer["environment"]["DATABASE_URL"])
     assert (upstream.hostname, upstream.port) == ("postgres", 5432)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import json
@@ -10,7 +11,9 @@ import select
 import subprocess
 import sys
 import textwrap
+import uuid
 
+import psycopg2
 import pytest
 from scrapyd.config import Config
 from scrapyd.eggstorage import FilesystemEggStorage
@@ -21,7 +24,7 @@ from zope.interface.verify import verifyObject
 from scrapyd_pgqueue import PostgresEggStorage
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT
 from scrapyd_pgqueue.store import PROJECTS_CHANNEL
-from helpers import query, wait_for
+from helpers import node_role, query, runs_of, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +251,41 @@ def test_every_node_deletes_its_cached_eggs_of_deleted_versions(database_url, st
     second.start()
     second.wait_ready()
     wait_for(lambda: cached(second) == [], 15, "the stale egg to go at start-up")
+
+
+def test_an_egg_altered_in_the_database_is_refused_and_its_code_never_runs(
+    database_url, admin_connection, start_cluster, egg, tmp_path
+):
+    node_url = node_role(admin_connection, database_url, f"node_{uuid.uuid4().hex[:8]}")
+    [node] = start_cluster(node_url, 1, max_proc="1").nodes
+    deployed = egg.read_bytes()
+    assert node.post("addversion.json", project="deployed", version="1", egg=deployed)["status"] == "ok"
+    [(egg_id, digest)] = query(database_url, "SELECT id, sha256 FROM project_egg")
+    assert bytes(digest) == hashlib.sha256(deployed).digest()  # computed by the node that took the deploy
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):  # the nodes' role may not alter an egg in place
+        query(node_url, "UPDATE project_egg SET egg = egg || '\\x00'::bytea")
+
+    def run(job):
+        answer = node.post("schedule.json", project="deployed", spider="sleeper", seconds="0", jobid=job)
+        assert answer["status"] == "ok", answer
+        wait_for(lambda: node.get("status.json", job=job)["currstate"] == "finished", 90, f"{job} to end")
+        [(outcome, reason)] = query(database_url, "SELECT outcome, reason FROM spider_job WHERE job = %s", (job,))
+        return outcome, reason, bool(runs_of(tmp_path, job))
+
+    assert run("verified") == ("finished", None, True)
+    # A cached file altered on disk (a crawl runs as the node's user) is fetched again, checked, and runs.
+    cached = node.directory / "eggs" / "pgqueue" / f"{egg_id}.egg"
+    cached.write_bytes(deployed + b"\x00")
+    assert run("cache-altered") == ("finished", None, True)
+    assert cached.read_bytes() == deployed
+
+    # Altered in the database by a role that may (the owner's): a node that has not cached it refuses it.
+    query(database_url, "UPDATE project_egg SET egg = egg || '\\x00'::bytea")
+    cached.unlink()
+    for job in ("altered-1", "altered-2"):
+        outcome, reason, ran = run(job)
+        assert (outcome, ran) == ("failed", False), (outcome, reason)
+        assert f"(row id {egg_id}) does not match the sha256 stored at its deploy" in reason, reason
+    assert not cached.exists()
+    log = node.logfile.read_text()
+    assert log.count(f"Refused the egg of project deployed version 1 (row id {egg_id})") == 1  # once, not per job

@@ -4,6 +4,7 @@ says so at start-up; no password or environment is ever stored or logged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -18,8 +19,10 @@ import pytest
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue import roles as roles_module
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG, LocalCluster
-from helpers import ends, jobs, query, schedule, wait_for
+from scrapyd_pgqueue.store import JobStore
+from helpers import connect, ends, jobs, query, schedule, wait_for
 
 PASSWORD = "node-s3cret-pw"
 COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
@@ -35,8 +38,16 @@ PRIVILEGES = """
     UNION ALL SELECT 'schema', n.nspname, n.nspacl::text FROM pg_namespace AS n WHERE n.nspname = 'public'
     UNION ALL SELECT 'database', d.datname, d.datacl::text FROM pg_database AS d WHERE d.datname = current_database()
     UNION ALL SELECT 'role', r.rolname, concat_ws(' ', r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolcanlogin)
-    FROM pg_roles AS r WHERE r.rolname = %s
+    FROM pg_roles AS r WHERE r.rolname = %(role)s
+    UNION ALL SELECT 'limits', r.rolname, concat_ws(' ', r.rolconnlimit, s.setconfig::text)
+    FROM pg_roles AS r LEFT JOIN pg_db_role_setting AS s ON s.setrole = r.oid AND s.setdatabase = 0
+    WHERE r.rolname = %(role)s
     ORDER BY 1, 2
+"""
+# The server's connections a role may take, less those grant leaves to other roles by default.
+CONNECTIONS_FOR_NODES = """
+    SELECT current_setting('max_connections')::integer - current_setting('superuser_reserved_connections')::integer
+           - %s
 """
 
 
@@ -117,25 +128,32 @@ def test_grant_creates_a_node_role_with_exactly_a_node_s_rights_and_a_second_run
     node = f"fresh_{uuid.uuid4().hex[:8]}"  # created by grant (run as a superuser here: the owner may not create roles)
     first = scrapyd_pgqueue("grant", node, database_url=roles["superuser_url"], SCRAPYD_NODE_PASSWORD=PASSWORD)
     assert f"Role {node} may use the queue" in first.stdout and first.stderr == ""
-    privileges = query(roles["owner_url"], PRIVILEGES, (node,))
+    privileges = query(roles["owner_url"], PRIVILEGES, {"role": node})
     scrapyd_pgqueue("grant", node, database_url=roles["superuser_url"], SCRAPYD_NODE_PASSWORD=PASSWORD)
-    assert query(roles["owner_url"], PRIVILEGES, (node,)) == privileges
+    assert query(roles["owner_url"], PRIVILEGES, {"role": node}) == privileges
 
     granted = {(kind, name): acl for kind, name, acl in privileges}
     assert granted[("role", node)] == "f f f t"  # superuser, createrole, createdb: no; login: yes
     tables = [name for kind, name in granted if kind == "relation" and not name.endswith("_seq")]
     assert {"spider_job", "project_egg", "spider_job_maintenance", db.VERSION_TABLE} <= set(tables)
     for name in tables:
-        rights = "r" if name == db.VERSION_TABLE else "arwd"  # SELECT only on the version table; no TRUNCATE ...
+        # SELECT only on the version table; no UPDATE of an egg; no TRUNCATE, REFERENCES or TRIGGER anywhere.
+        rights = {db.VERSION_TABLE: "r", "project_egg": "ard"}.get(name, "arwd")
         assert f"{node}={rights}/" in granted[("relation", name)], (name, granted[("relation", name)])
     assert all(f"{node}=U/" in acl for (kind, name), acl in granted.items() if name.endswith("_seq"))
     assert all(f"{node}=X/" in acl for (kind, _), acl in granted.items() if kind == "function")
     assert f"{node}=U/" in granted[("schema", "public")]  # USAGE, not CREATE
     assert f"{node}=c/" in granted[("database", roles["database"])]  # CONNECT
-    # What later migrations create (as the owner) is covered too.
+    assert "=c/" in granted[("database", roles["database"])] and "=Tc/" not in granted[("database", roles["database"])]
+    # Role settings bounding one session, and a connection limit leaving room for other roles.
+    [(connections,)] = query(roles["superuser_url"], CONNECTIONS_FOR_NODES, (roles_module.OTHER_ROLES_CONNECTIONS,))
+    assert granted[("limits", node)] == (
+        f"{connections} {{lock_timeout=20000ms,statement_timeout=60000ms,idle_in_transaction_session_timeout=10000ms}}")
+    # Nothing by default on what the owner creates later: a new migration names its objects in roles.py.
+    assert [key for key in granted if key[0] == "default"] == []
     query(roles["owner_url"], "CREATE TABLE later_migration (id serial)")
-    assert query(roles["superuser_url"], "SELECT has_table_privilege(%s, 'later_migration', 'INSERT')", (node,)) == [
-        (True,)]
+    assert query(roles["superuser_url"], "SELECT has_table_privilege(%s, 'later_migration', 'SELECT')", (node,)) == [
+        (False,)]
 
 
 def test_grant_refuses_the_owner_or_a_superuser_and_names_a_right_the_role_keeps(roles):
@@ -146,10 +164,6 @@ def test_grant_refuses_the_owner_or_a_superuser_and_names_a_right_the_role_keeps
     superuser = make_url(roles["superuser_url"]).username
     refused = scrapyd_pgqueue("grant", superuser, database_url=roles["superuser_url"], expect=2)
     assert "is a superuser" in refused.stderr
-    # A right the role gets from elsewhere (PUBLIC's CREATE on public, as on Postgres 14 and older) is named.
-    query(roles["superuser_url"], "GRANT CREATE ON SCHEMA public TO PUBLIC")
-    warned = scrapyd_pgqueue("grant", roles["node"], database_url=roles["owner_url"], expect=1)
-    assert f"'{roles['node']}' may create objects in the queue's schema" in warned.stderr
 
 
 def test_a_cluster_on_the_node_role_runs_jobs_and_its_spiders_cannot_break_out(roles, start_cluster, tmp_path):
@@ -213,3 +227,145 @@ def test_a_spider_that_replaces_its_log_with_a_fifo_delays_no_finish(database_ur
     stored = dict(query(database_url, "SELECT j.job, l.log IS NOT NULL FROM spider_job AS j "
                                       "LEFT JOIN job_log AS l ON l.job_id = j.id"))
     assert stored == {"fifo": False, "after": True}  # the FIFO is not a log to keep; the next job's log is
+
+
+# --- what grant names, and what it leaves alone ------------------------------------------------------------------
+
+# The objects a migrated schema holds (tables, sequences, functions), as roles.py names them.
+SCHEMA_OBJECTS = """
+    SELECT CASE WHEN c.relkind = 'S' THEN 'sequence' ELSE 'table' END, c.relname::text FROM pg_class AS c
+    WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'f')
+    UNION ALL SELECT 'function', p.proname || '(' || oidvectortypes(p.proargtypes) || ')' FROM pg_proc AS p
+    WHERE p.pronamespace = 'public'::regnamespace
+"""
+
+
+def test_grant_names_exactly_the_objects_the_migrations_create(database_url):
+    db.get_engine(database_url).dispose()  # migrated to the newest revision
+    created = set(query(database_url, SCHEMA_OBJECTS))
+    named = ({("table", name) for name in roles_module.NODE_TABLES}
+             | {("sequence", name) for name in roles_module.NODE_SEQUENCES}
+             | {("function", name) for name in roles_module.NODE_FUNCTIONS})
+    assert created == named
+
+
+def test_grant_leaves_an_unrelated_table_unreadable_and_names_it(roles):
+    scrapyd_pgqueue("migrate", database_url=roles["owner_url"])
+    owner, node = make_url(roles["owner_url"]).username, roles["node"]
+    query(roles["owner_url"], "CREATE TABLE customers AS SELECT 'a customer' AS name")
+    # What an earlier version of grant left: rights on every table of the owner's, and by default on later ones.
+    query(roles["owner_url"], f"GRANT ALL ON customers TO {node}")
+    query(roles["owner_url"],
+          f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public GRANT ALL ON TABLES TO {node}")
+
+    warned = scrapyd_pgqueue("grant", node, database_url=roles["owner_url"])
+    assert "holds objects that are not the queue's: public.customers (table)" in warned.stderr, warned.stderr
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(roles["node_url"], "SELECT * FROM customers")
+    assert query(roles["superuser_url"], "SELECT count(*) FROM pg_default_acl WHERE defaclacl::text LIKE %s",
+                 (f"%{node}=%",)) == [(0,)]
+    query(roles["owner_url"], "CREATE TABLE invoices (id int)")
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(roles["node_url"], "SELECT * FROM invoices")
+    assert query(roles["node_url"], "SELECT count(*) FROM spider_job") == [(0,)]  # the queue's tables still are
+
+
+def test_grant_where_public_may_create_in_schema_public_revokes_what_it_may_and_warns_about_the_rest(roles):
+    """Postgres 14 and older: schema public belongs to the bootstrap superuser and PUBLIC may create in it."""
+    scrapyd_pgqueue("migrate", database_url=roles["owner_url"])
+    superuser, node = make_url(roles["superuser_url"]).username, roles["node"]
+    query(roles["superuser_url"], f"ALTER SCHEMA public OWNER TO {superuser}")
+    query(roles["superuser_url"], "GRANT CREATE ON SCHEMA public TO PUBLIC")
+
+    warned = scrapyd_pgqueue("grant", node, database_url=roles["owner_url"])  # exit 0: the hook Job succeeds
+    assert "run as the schema's owner: REVOKE CREATE ON SCHEMA \"public\" FROM PUBLIC" in warned.stderr, warned.stderr
+    # The owner may not set another role's settings: the commands are named, a superuser's grant sets them.
+    assert f'run as one: ALTER ROLE "{node}" SET "lock_timeout" = \'20000ms\'' in warned.stderr
+    assert "but " not in warned.stderr  # no right of the role's own to revoke: nothing that exits 1
+    assert query(roles["node_url"], "SELECT has_schema_privilege('public', 'CREATE')") == [(True,)]
+
+    revoked = scrapyd_pgqueue("grant", node, database_url=roles["superuser_url"])
+    assert revoked.stderr == ""
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(roles["node_url"], "CREATE TABLE intruder (id int)")
+
+
+# --- one session of the node role cannot stop the cluster ----------------------------------------------------------
+
+CLAIM = "SELECT job FROM claim_spider_jobs(ARRAY['p'], 1, 'n', 'w', 'c') WHERE id IS NOT NULL"
+
+
+def test_a_node_role_session_cannot_hold_the_queue_locked(roles):
+    migrate_and_grant(roles)
+    scrapyd_pgqueue("grant", roles["node"], "--lock-timeout", "1", "--idle-in-transaction-timeout", "3",
+                    database_url=roles["superuser_url"])
+    JobStore.for_url(roles["owner_url"]).enqueue("p", {"name": "s", "_job": "after-the-lock"})
+    holder = connect(roles["node_url"])
+    holder.autocommit = False
+    with holder.cursor() as cursor:  # a hostile spider's session: lock the queue, then do nothing
+        cursor.execute("LOCK TABLE spider_job IN ACCESS EXCLUSIVE MODE")
+    locked_at = time.monotonic()
+
+    # Another session of the role waiting for the same lock gives up after the role's lock_timeout.
+    with pytest.raises(psycopg2.errors.LockNotAvailable):
+        query(roles["node_url"], "BEGIN; LOCK TABLE spider_job IN ACCESS EXCLUSIVE MODE")
+    assert 1.0 <= time.monotonic() - locked_at < 2.5
+    # A node's claim waits (its own lock_timeout, 15 s) until the idle holder is ended, then claims.
+    assert query(roles["node_url"], CLAIM) == [("after-the-lock",)]
+    assert 3.0 <= time.monotonic() - locked_at < 6.0
+    with pytest.raises(psycopg2.OperationalError, match="idle-in-transaction timeout"), holder.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+FORGE = """
+    CREATE TEMP TABLE spider_job AS SELECT * FROM public.spider_job;
+    UPDATE pg_temp.spider_job SET job = 'forged', message = message || '{"_job": "forged"}', priority = 1000;
+"""
+
+
+def test_a_temporary_spider_job_does_not_change_what_the_claim_returns(roles):
+    migrate_and_grant(roles)
+    store = JobStore.for_url(roles["owner_url"])
+    store.enqueue("p", {"name": "s", "_job": "real"})
+    # A server where grant could not take TEMP from PUBLIC (its database's owner did not run it).
+    query(roles["superuser_url"], f"GRANT TEMPORARY ON DATABASE {roles['database']} TO {roles['node']}")
+    with contextlib.closing(connect(roles["node_url"])) as session, session.cursor() as cursor:
+        cursor.execute(FORGE)
+        cursor.execute(CLAIM)
+        assert cursor.fetchall() == [("real",)]
+
+    # Without the pinned search path (as before migration 0010), the same session gets the forged job.
+    query(roles["superuser_url"], f"ALTER FUNCTION claim_spider_jobs({roles_module.NODE_FUNCTIONS[0].split('(')[1]} "
+                                  "RESET search_path")
+    store.enqueue("p", {"name": "s", "_job": "real-2"})
+    with contextlib.closing(connect(roles["node_url"])) as session, session.cursor() as cursor:
+        cursor.execute(FORGE)
+        cursor.execute(CLAIM)
+        assert cursor.fetchall() == [("forged",)]
+
+    scrapyd_pgqueue("grant", roles["node"], database_url=roles["owner_url"])  # the database's owner: TEMP goes
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(roles["node_url"], "CREATE TEMP TABLE spider_job (id int)")
+
+
+def test_behind_pgbouncer_a_session_s_set_and_temporary_table_never_reach_another_client(
+    pgbouncer_database_url, database_url
+):
+    db.get_engine(database_url).dispose()  # migrated
+    with contextlib.closing(connect(pgbouncer_database_url)) as first, first.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [(server,)] = cursor.fetchall()
+        # One transaction each (autocommit): the server connection goes back to PgBouncer's pool after each.
+        cursor.execute("SET statement_timeout = '4321ms'")
+        cursor.execute("CREATE TEMP TABLE spider_job AS SELECT 'forged' AS job")
+
+    def on_the_same_server():
+        """The next client's transaction on the server connection the first client used (PgBouncer reuses the
+        most recently released one): what it finds of the first client's session."""
+        with contextlib.closing(connect(pgbouncer_database_url)) as second, second.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), current_setting('statement_timeout'), "
+                           "to_regclass('pg_temp.spider_job') IS NOT NULL")
+            [(pid, timeout, temporary)] = cursor.fetchall()
+        return (timeout, temporary) if pid == server else None
+
+    assert wait_for(on_the_same_server, 10, "a transaction on the first client's server connection") == ("0", False)

@@ -54,6 +54,16 @@ def secret_file(path: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror}") from None
 
 
+def non_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"not a number of seconds (0 or more): {value!r}")
+    return number
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM (docker stop, kill) stops the cluster like Ctrl-C
 
@@ -115,8 +125,10 @@ def run_grant(args: argparse.Namespace) -> int:
     from scrapyd_pgqueue import db, roles
 
     password = args.password or os.environ.get(roles.NODE_PASSWORD_VARIABLE)
+    limits = roles.RoleLimits(args.lock_timeout, args.statement_timeout, args.idle_in_transaction_session_timeout,
+                              args.connection_limit)
     try:
-        remaining = roles.grant_node_role(db.get_engine(args.database_url), args.role, password)
+        granted = roles.grant_node_role(db.get_engine(args.database_url), args.role, password, limits)
     except db.DatabaseError as e:
         if "permission denied" not in str(e):
             raise
@@ -125,9 +137,11 @@ def run_grant(args: argparse.Namespace) -> int:
     where = db.describe(args.database_url)
     print(f"Role {args.role} may use the queue in {where} as a node, and nothing more"
           f"{'' if password else ' (password unchanged)'}.")
-    for risk in remaining:
+    for warning in granted.warnings:
+        print(f"scrapyd-pgqueue: warning: {warning}", file=sys.stderr)
+    for risk in granted.risks:
         print(f"scrapyd-pgqueue: but {risk}: revoke that (README, Security)", file=sys.stderr)
-    return 1 if remaining else 0
+    return 1 if granted.risks else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,6 +166,17 @@ def build_parser() -> argparse.ArgumentParser:
     grant.add_argument("role", metavar="ROLE", help="the node role, created if missing (for example scrapyd_node)")
     grant.add_argument("--password-file", dest="password", type=secret_file, metavar="FILE",
                        help="a file holding the role's password (default: $SCRAPYD_NODE_PASSWORD; neither: unchanged)")
+    from scrapyd_pgqueue.roles import OTHER_ROLES_CONNECTIONS, RoleLimits
+
+    for option, setting in (("--lock-timeout", "lock_timeout"), ("--statement-timeout", "statement_timeout"),
+                            ("--idle-in-transaction-timeout", "idle_in_transaction_session_timeout")):
+        grant.add_argument(option, dest=setting, type=non_negative, metavar="SECONDS",
+                           help=f"the role's {setting} (0: none; default {RoleLimits.DEFAULTS[setting]:g}, set only "
+                                "when the role has none)")
+    grant.add_argument("--connection-limit", type=int, metavar="N",
+                       help="the role's CONNECTION LIMIT (-1: none, until a grant without this option sets the "
+                            f"default: max_connections less the reserved ones and {OTHER_ROLES_CONNECTIONS} for other "
+                            "roles, set only when the role has none)")
     grant.set_defaults(run=run_grant)
 
     queue.add_commands(commands, database_url_argument)  # status, requeue, cancel, enqueue, prune

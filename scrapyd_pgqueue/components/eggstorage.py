@@ -4,7 +4,10 @@ Every node lists the same projects and versions. A crawl opens no database conne
 it, the node (a long-lived process) finds the egg the job runs, keeps it as a file in ``eggs_dir`` keyed by the
 egg's row id (a redeployed version gets a new id, so a cached file is never stale), and hands the crawl its path
 in ``SCRAPYD_PGQUEUE_EGG`` (empty: the project has no egg, it is baked in). When eggs are deleted or replaced, each
-node deletes the cached files of ids no longer in the database (``prune_cache``). The crawl subprocess
+node deletes the cached files of ids no longer in the database (``prune_cache``). Before a crawl gets an egg, cached
+or fetched, its bytes are checked against the sha256 stored with it at deploy: an egg altered in the database is
+refused (``EggRefused``: the job fails, and the node says so once per egg), a cached file altered on disk is fetched
+again. The crawl subprocess
 (``scrapyd.runner``) imports this module before Scrapy picks its reactor: nothing here may import
 ``twisted.internet.reactor`` (or ``scrapyd.launcher``), and the store (SQLAlchemy) is imported only when used.
 Other nodes learn about a change from a NOTIFY (see ``node/events.py``).
@@ -13,10 +16,13 @@ Other nodes learn about a change from a NOTIFY (see ``node/events.py``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import tempfile
 from io import BytesIO
 
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from scrapyd.eggstorage import sorted_versions
@@ -24,6 +30,43 @@ from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
 from scrapyd.interfaces import IEggStorage
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+
+log = Logger()
+# Eggs refused this process, by row id: each is logged once, not once per job that would have run it.
+_refused: set[int] = set()
+
+
+class EggRefused(Exception):
+    """An egg whose bytes do not hash to the sha256 stored with it at deploy: no crawl runs it."""
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _file_sha256(path: str) -> bytes | None:
+    """The file's sha256, None when there is no such file."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as file:
+            while chunk := file.read(1 << 20):  # hashlib.file_digest is Python 3.11's
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.digest()
+
+
+def check_egg(project: str, version: str, stored, egg: bytes) -> None:
+    """Raise ``EggRefused`` unless ``egg`` hashes to ``stored.sha256`` (stored: a ``StoredEgg``)."""
+    if hmac.compare_digest(_sha256(egg), stored.sha256):
+        return
+    if stored.id not in _refused:
+        _refused.add(stored.id)
+        log.error("Refused the egg of project {project} version {version} (row id {id}): its bytes do not match the "
+                  "sha256 stored at its deploy, so it was altered in the database; no crawl runs it. Deploy the "
+                  "version again.", project=project, version=version, id=stored.id)
+    raise EggRefused(f"the egg of project {project!r} version {version!r} (row id {stored.id}) does not match the "
+                     "sha256 stored at its deploy: refused")
 
 
 @implementer(IEggStorage)
@@ -67,23 +110,32 @@ class PostgresEggStorage:
             if not versions:
                 return None, None
             version = versions[-1]
-        egg = store.get_egg(project, version)
-        return (None, None) if egg is None else (version, BytesIO(egg))
+        stored = store.get_egg(project, version)
+        if stored is None:
+            return None, None
+        check_egg(project, version, stored, stored.egg)
+        return version, BytesIO(stored.egg)
 
     def egg_file(self, project: str, version: str | None = None) -> str:
         """Node side, off the reactor: the path of the egg a job of ``project`` runs (the newest version unless
-        pinned), fetched into the cache when not there yet; '' when the project has no such egg."""
+        pinned), fetched into the cache when not there yet; '' when the project has no such egg. Raises
+        ``EggRefused`` when the database's egg does not match its sha256."""
         store = self.store
-        ids = store.egg_ids(project)  # version -> egg id: one small query, no egg
+        ids = store.egg_ids(project)  # version -> egg id and sha256: one small query, no egg
         if version is None:
             version = sorted_versions(ids)[-1] if ids else None
         if version not in ids:
             return ""
-        path = os.path.join(self.cache_dir, f"{ids[version]}.egg")
-        if not os.path.exists(path):
-            egg = store.egg_by_id(ids[version])
+        stored = ids[version]
+        path = os.path.join(self.cache_dir, f"{stored.id}.egg")
+        cached = _file_sha256(path)
+        if cached is None or not hmac.compare_digest(cached, stored.sha256):
+            if cached is not None:  # a crawl runs as this node's user, and could write the cache
+                log.warn("The cached egg {path} did not match its sha256: fetched again", path=path)
+            egg = store.egg_by_id(stored.id)
             if egg is None:  # deleted meanwhile
                 return ""
+            check_egg(project, version, stored, egg)
             os.makedirs(self.cache_dir, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.cache_dir, suffix=".part", delete=False) as part:
                 part.write(egg)

@@ -33,6 +33,7 @@ from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
+from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
@@ -268,14 +269,18 @@ class PostgresLauncher(Launcher):
         )
 
     def _egg_not_fetched(self, failure, message, slot, claimed):
-        """A crawl cannot fetch its egg itself (it holds no database URL): its job goes back to the queue."""
+        """A crawl cannot fetch its egg itself (it holds no database URL): its job goes back to the queue. An egg
+        altered in the database is refused: its job fails (_spawn_crawl), nothing runs it."""
+        if failure.check(EggRefused):
+            return self._spawn_crawl(failure.value, message, slot, claimed)
         log.error("Could not fetch the egg of project {project} for job {job}, handing the job back: {error}",
                   project=message["_project"], job=message["_job"], error=failure.getErrorMessage())
-        if self.stopping or claimed is None:
+        if self.stopping:
             if claimed is not None:
                 self.unstarted.append(claimed)
             return
-        self.lease_lost_claims.append(claimed)  # handed back once the database answers
+        if claimed is not None:
+            self.lease_lost_claims.append(claimed)  # handed back once the database answers
         self._get_message(slot)
 
     def _spawn_crawl(self, egg, message, slot, claimed):
@@ -288,6 +293,8 @@ class PostgresLauncher(Launcher):
         process.claimed = claimed
         process.on_started = self.crawl_started
         try:
+            if isinstance(egg, EggRefused):
+                raise egg
             environment = self.app.getComponent(IEnvironment)
             message.setdefault("settings", {})
             message["settings"].update(environment.get_settings(message))

@@ -252,7 +252,8 @@ default_pool_size = {pool_size}
 max_db_connections = {pool_size}
 max_client_conn = {max_client_conn}
 ignore_startup_parameters = extra_float_digits
-server_reset_query =
+server_reset_query = DISCARD ALL
+server_reset_query_always = 1
 logfile = {self.logfile}
 pidfile = {self.pidfile}
 """)

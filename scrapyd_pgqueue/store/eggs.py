@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from typing import NamedTuple
+
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, StorePerEngine, database_errors
@@ -11,8 +14,9 @@ from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, StorePerEngine, databas
 # Replace the egg of :project/:version (a second upload of a version wins, like a file overwritten).
 DELETE_EGG_VERSION = text("DELETE FROM project_egg WHERE project = :project AND version = :version")
 
-# Store an egg; its new id changes the eggs' fingerprint, so nodes that missed the NOTIFY still notice.
-INSERT_EGG = text("INSERT INTO project_egg (project, version, egg) VALUES (:project, :version, :egg)")
+# Store an egg with its sha256 (computed by the node that took the deploy); its new id changes the eggs' fingerprint,
+# so nodes that missed the NOTIFY still notice.
+INSERT_EGG = text("INSERT INTO project_egg (project, version, egg, sha256) VALUES (:project, :version, :egg, :sha256)")
 
 # Tell every node that the eggs of :project changed (delivered on commit).
 NOTIFY_EGGS_CHANGED = text("SELECT pg_notify(:channel, :project)")
@@ -20,12 +24,12 @@ NOTIFY_EGGS_CHANGED = text("SELECT pg_notify(:channel, :project)")
 # The versions of :project (unordered; the caller sorts them like Scrapyd). Reads the unique (project, version) index.
 EGG_VERSIONS = text("SELECT version FROM project_egg WHERE project = :project")
 
-# The egg of :project/:version.
-GET_EGG = text("SELECT egg FROM project_egg WHERE project = :project AND version = :version")
+# The egg of :project/:version, with its row id and the digest it must match.
+GET_EGG = text("SELECT id, egg, sha256 FROM project_egg WHERE project = :project AND version = :version")
 
-# Each version of :project with its egg's row id, no egg: which file a node's egg cache must hold (a redeployed
-# version has a new id).
-EGG_IDS = text("SELECT version, id FROM project_egg WHERE project = :project")
+# Each version of :project with its egg's row id and digest, no egg: which file a node's egg cache must hold (a
+# redeployed version has a new id) and what that file must hash to.
+EGG_IDS = text("SELECT version, id, sha256 FROM project_egg WHERE project = :project")
 
 # One egg by its row id.
 EGG_BY_ID = text("SELECT egg FROM project_egg WHERE id = :id")
@@ -46,6 +50,12 @@ DELETE_EGGS = text("""
 EGG_CATALOGUE = text("SELECT project, count(*) AS eggs, max(id) AS newest FROM project_egg GROUP BY project")
 
 
+class StoredEgg(NamedTuple):
+    id: int
+    sha256: bytes  # what the egg's bytes must hash to
+    egg: bytes = b""
+
+
 class EggStore(StorePerEngine):
     """Project eggs in the database: deployed once through any node, runnable on every node."""
 
@@ -55,9 +65,10 @@ class EggStore(StorePerEngine):
 
     @database_errors
     def put_egg(self, project: str, version: str, egg: bytes) -> None:
+        digest = hashlib.sha256(egg).digest()
         with db.transaction(self.engine) as connection:
             connection.execute(DELETE_EGG_VERSION, {"project": project, "version": version})
-            connection.execute(INSERT_EGG, {"project": project, "version": version, "egg": egg})
+            connection.execute(INSERT_EGG, {"project": project, "version": version, "egg": egg, "sha256": digest})
             connection.execute(NOTIFY_EGGS_CHANGED, {"channel": PROJECTS_CHANNEL, "project": project})
 
     @database_errors
@@ -66,15 +77,17 @@ class EggStore(StorePerEngine):
             return list(connection.execute(EGG_VERSIONS, {"project": project}).scalars())
 
     @database_errors
-    def get_egg(self, project: str, version: str) -> bytes | None:
+    def get_egg(self, project: str, version: str) -> StoredEgg | None:
         with db.autocommit(self.engine) as connection:
-            egg = connection.execute(GET_EGG, {"project": project, "version": version}).scalar()
-        return None if egg is None else bytes(egg)
+            row = connection.execute(GET_EGG, {"project": project, "version": version}).first()
+        return None if row is None else StoredEgg(row.id, bytes(row.sha256), bytes(row.egg))
 
     @database_errors
-    def egg_ids(self, project: str) -> dict[str, int]:
+    def egg_ids(self, project: str) -> dict[str, StoredEgg]:
+        """Version -> its egg's row id and digest (``egg`` empty: not read)."""
         with db.autocommit(self.engine) as connection:
-            return {row.version: row.id for row in connection.execute(EGG_IDS, {"project": project})}
+            return {row.version: StoredEgg(row.id, bytes(row.sha256))
+                    for row in connection.execute(EGG_IDS, {"project": project})}
 
     @database_errors
     def egg_by_id(self, egg_id: int) -> bytes | None:

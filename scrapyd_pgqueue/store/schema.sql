@@ -4,6 +4,11 @@
 -- it there and here. tests/test_schema.py fails when this file and the migrated database disagree (it compares the
 -- functions' arguments, results, volatility, language, settings and bodies, comments and spacing aside).
 -- Tables and indexes: scrapyd_pgqueue/models.py.
+--
+-- Every function runs with its search path pinned (0010; 0008 for scrapyd_pgqueue_wanted_nodes): the schema the
+-- migration ran in (public here), then pg_temp, last. Without it a function resolves the names in its body with its
+-- caller's search path, where pg_temp comes first unless named: a session's TEMP TABLE spider_job would be read (and
+-- written) instead of the queue's, and the claim would hand out a forged job.
 
 
 -- How many jobs of one spider run in the cluster now (0004). VOLATILE on purpose: a volatile function takes a fresh
@@ -12,6 +17,7 @@
 CREATE OR REPLACE FUNCTION spider_job_running(p_project text, p_spider text)
  RETURNS integer
  LANGUAGE sql
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
         SELECT count(*)::integer FROM spider_job
         WHERE status = 'ongoing' AND project = p_project AND spider = p_spider
@@ -39,6 +45,7 @@ CREATE OR REPLACE FUNCTION claim_spider_jobs(p_projects text[], p_limit integer,
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
  SET lock_timeout TO '15s'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
     #variable_conflict use_column
     DECLARE
@@ -196,6 +203,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION spider_tree_count()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
     DECLARE
         delta integer;
@@ -247,7 +255,7 @@ CREATE OR REPLACE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer)
  RETURNS integer
  LANGUAGE plpgsql
  STABLE STRICT SECURITY DEFINER
- SET search_path FROM CURRENT
+ SET search_path TO 'public', 'pg_temp'
  SET jit = off
 AS $function$
     DECLARE
