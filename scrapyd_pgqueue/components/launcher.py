@@ -34,8 +34,10 @@ from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.job_stats import INTERVAL_VARIABLE, STATS_FD
 from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
@@ -62,6 +64,13 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
     cancel_signal = None  # the signal of the latest one
     warm_parent_died = False  # forked from a warm process that died under it (node/warm.py): handed back
     on_started = None  # the launcher's crawl_started, called once the pid is known
+    crawl_stats = None  # what the crawl reports on its stats descriptor (node/crawl_stats.py)
+
+    def childDataReceived(self, childFD, data):
+        if childFD == STATS_FD and self.crawl_stats is not None:
+            self.crawl_stats.receive(data)
+        else:
+            super().childDataReceived(childFD, data)
 
     def connectionMade(self):
         super().connectionMade()
@@ -276,12 +285,14 @@ class PostgresLauncher(Launcher):
         process = PostgresProcessProtocol(project, message["_spider"], message["_job"], {}, [])
         process.claimed = claimed
         process.on_started = self.crawl_started
+        process.crawl_stats = CrawlStats(project, message["_spider"])
         try:
             environment = self.app.getComponent(IEnvironment)
             message.setdefault("settings", {})
             message["settings"].update(environment.get_settings(message))
             env = environment.get_environment(message, slot)
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
+            env[INTERVAL_VARIABLE] = f"{self.settings.stats_interval:g}"  # the crawl's stats (job_stats.py)
             # Crawl trees (scrapyd_pgqueue.crawl): the crawl's job id, and the queue for the jobs it schedules.
             env.update(crawl.crawl_environment(message["_job"], self.settings))
             if egg is not None:
@@ -305,7 +316,8 @@ class PostgresLauncher(Launcher):
 
     def _spawn_cold(self, process):
         """As Scrapyd spawns a crawl: a new Python running the runner."""
-        reactor.spawnProcess(process, sys.executable, args=process.args, env=process.env)
+        reactor.spawnProcess(process, sys.executable, args=process.args, env=process.env,
+                             childFDs={0: "w", 1: "r", 2: "r", STATS_FD: "r"})
 
     def crawl_started(self, process):
         """The crawl's pid is known (at once when spawned, once forked when warm): record it on the row."""
