@@ -82,6 +82,22 @@ def test_a_crawl_s_items_and_finish_reason_are_what_it_yielded_on_a_node_that_di
     assert stats["response_received_count"] == 3 and re.match(r"\d{4}-\d\d-\d\dT", stats["start_time"])
     assert isinstance(stats["elapsed_time_seconds"], float)
 
+    # /jobs: the job's stats in the last columns, after every column it had before.
+    with urllib.request.urlopen(f"{other.url}jobs", timeout=30) as response:
+        page = response.read().decode()
+    headers = re.findall(r"<th>([^<]*)</th>", page.split("</thead>")[0])
+    (row,) = [row for row in re.findall(r"<tr>(.*?)</tr>", page, re.DOTALL) if "<td>q1</td>" in row]
+    cells = dict(zip(headers, re.findall(r"<td>(.*?)</td>", row, re.DOTALL)))
+    assert headers[-4:] == ["Outcome", "Items scraped", "Errors", "Finish reason"]
+    assert (cells["Items scraped"], cells["Errors"], cells["Finish reason"]) == ("5", "0", "finished")
+
+    # The dashboard: items per minute of each spider, over its jobs' run time.
+    with urllib.request.urlopen(f"{other.url}dashboard", timeout=30) as response:
+        dashboard = response.read().decode()
+    (quotes,) = re.findall(r'<tr class="items">(.*?)</tr>', dashboard)
+    project, spider, job_count, item_count, per_minute = re.findall(r"<td[^>]*>(.*?)</td>", quotes)
+    assert (project, spider, job_count, item_count) == ("example", "quotes", "1", "5") and float(per_minute) > 0
+
     unknown = other.get("stats.json", project="example", job="nope")
     assert unknown["status"] == "error" and "nope" in unknown["message"], unknown
     assert other.get("stats.json", project="example")["status"] == "error"  # job missing
