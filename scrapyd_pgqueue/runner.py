@@ -2,8 +2,9 @@
 
 Scrapyd's runner reads the configuration files again in the subprocess; with only the one line there, it would build
 Scrapyd's file egg storage and miss every egg deployed to the database. This one applies the one-line defaults to
-that configuration first, and adds the extension that reports the crawl's stats to its node. No reactor import: this is the crawl process, where importing Twisted's reactor would
-install the default one before Scrapy installs its asyncio reactor, and every crawl would fail.
+that configuration first, and adds the extension that reports the crawl's stats to its node. No reactor import:
+this is the crawl process, where importing Twisted's reactor would install the default one before Scrapy installs
+its asyncio reactor, and every crawl would fail.
 """
 
 from __future__ import annotations

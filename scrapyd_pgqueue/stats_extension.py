@@ -15,7 +15,9 @@ import logging
 import os
 import stat
 
-from scrapyd_pgqueue.job_stats import FINISH_REASON, INTERVAL_VARIABLE, MAX_LINE_BYTES, STATS_FD, json_safe, summary_only
+from scrapyd_pgqueue.job_stats import (
+    FINISH_REASON, INTERVAL_VARIABLE, MAX_LINE_BYTES, STATS_FD, json_safe, summary_only,
+)
 
 logger = logging.getLogger(__name__)
 

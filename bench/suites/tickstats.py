@@ -30,7 +30,8 @@ FINISHED_ROWS = 10_000  # terminated rows around the running ones, as a node kee
 PROJECT = "tickstats"
 
 SAMPLE_STATS = {
-    "downloader/request_bytes": 1_862_213, "downloader/request_count": 4_211, "downloader/request_method_count/GET": 4_211,
+    "downloader/request_bytes": 1_862_213, "downloader/request_count": 4_211,
+    "downloader/request_method_count/GET": 4_211,
     "downloader/response_bytes": 98_122_003, "downloader/response_count": 4_198,
     "downloader/response_status_count/200": 4_102, "downloader/response_status_count/301": 61,
     "downloader/response_status_count/404": 35, "downloader/exception_count": 13,

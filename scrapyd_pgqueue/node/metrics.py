@@ -1,8 +1,8 @@
 """This node's own counters and histograms, exported by ``/metrics`` (``web/prometheus.py``) with the cluster's gauges.
 
 The poller and launcher count through one-line hooks (``metrics.CLAIMS.inc(n)``). No per-job label: a label's
-values are a bounded set (outcomes, operations, the projects' spiders). The node's registry is its own, so a test process that builds
-several nodes' components does not collide with the default registry.
+values are a bounded set (outcomes, operations, the projects' spiders). The node's registry is its own, so a test
+process that builds several nodes' components does not collide with the default registry.
 
 The metrics are built, and prometheus_client imported, when the node first counts something or is first scraped:
 an idle node that nobody scrapes does not carry the library (about 1 MB of an idle node's memory).
