@@ -141,3 +141,18 @@ def test_a_running_crawl_s_items_grow_while_it_runs_and_prints_do_not_mix_in(
     assert metric(node, "scrapyd_pgqueue_crawl_errors_total", project="example", spider="sleeper") == 1
     # The forged lines went to the crawl's stdout, which the node logs as the crawl's output.
     assert node.logfile.read_text().count('"reason": "forged"') == 12
+
+
+def test_a_cancelled_crawl_keeps_its_stats_with_scrapy_s_close_reason(database_url, start_cluster, egg, tmp_path):
+    (node,) = start_cluster(database_url, 1, **COLD).nodes
+    deploy(node, egg)
+    node.post("schedule.json", project="example", spider="sleeper", jobid="stopped", seconds="6")
+    log = node.directory / "logs" / "example" / "sleeper" / "stopped.log"
+    wait_for(lambda: log.exists() and "Sleeping in the callback" in log.read_text(), 60, "the crawl to sleep")
+
+    assert node.post("cancel.json", project="example", job="stopped")["prevstate"] == "running"
+
+    entry = wait_for(lambda: listed(node, "stopped", "finished"), 60, "the cancelled crawl to end")
+    (end,) = [record for record in ends(tmp_path) if record["job"] == "stopped"]
+    assert entry["outcome"] == "cancelled" and entry["finish_reason"] == end["reason"] == "shutdown"
+    assert entry["requests"] == 1  # its one page; the graceful close waited for the sleeping callback
