@@ -50,6 +50,7 @@ SERVICES = {
     "pauseperiodic.json": "scrapyd_pgqueue.schedule_services.PausePeriodic",
     "resumeperiodic.json": "scrapyd_pgqueue.schedule_services.ResumePeriodic",
     "tree.json": "scrapyd_pgqueue.tree_services.Tree",
+    "stats.json": "scrapyd_pgqueue.services.stats.JobStats",
     "alive.json": "scrapyd_pgqueue.webservice.Alive",
     # Scrapyd's own, answering off the reactor: they read the eggs in the database.
     "addversion.json": "scrapyd_pgqueue.egg_services.AddVersion",

@@ -77,6 +77,8 @@ class Settings:
     # Warm processes a node keeps (least recently used retired first), and seconds an unused one lives on.
     warm_processes: int = 4
     warm_idle_timeout: float = 300.0
+    # Seconds between two reports of a running crawl's stats to its node, and between two writes of them.
+    stats_interval: float = 30.0
 
     @property
     def stop_deadline(self) -> float:
@@ -161,6 +163,7 @@ def settings(config=None) -> Settings:
         warm_start=str(_get(config, "warm_start", "on")).lower() in ("on", "true", "yes", "1"),
         warm_processes=number("warm_processes", 4, int),
         warm_idle_timeout=number("warm_idle_timeout", 300.0),
+        stats_interval=number("stats_interval", 30.0),
     )
     for option in ("dead_to_keep", "tree_max_jobs"):
         if (getattr(result, option) or 0) < 0:
@@ -170,6 +173,8 @@ def settings(config=None) -> Settings:
     for option in ("max_request_bytes", "max_egg_bytes"):
         if getattr(result, option) < 1:
             raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
+    if result.stats_interval <= 0:
+        raise ConfigurationError("'stats_interval' must be more than 0 (seconds)")
     if result.warm_processes < 1:
         raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:

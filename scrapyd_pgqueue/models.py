@@ -75,6 +75,9 @@ class SpiderJob(Base):
     parent: Mapped[str | None] = mapped_column(Text)
     parent_id: Mapped[int | None] = mapped_column(BigInteger)
     tree_id: Mapped[int | None] = mapped_column(BigInteger)
+    # Scrapy's stats as the crawl last reported them to its node (0011): written by the node's tick while it runs
+    # and with its finish; not indexed, so those updates stay HOT.
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(f"status IN {STATUSES}", name="spider_job_status_check"),

@@ -2,8 +2,9 @@
 
 Scrapyd's runner reads the configuration files again in the subprocess; with only the one line there, it would build
 Scrapyd's file egg storage and miss every egg deployed to the database. This one applies the one-line defaults to
-that configuration first. No reactor import: this is the crawl process, where importing Twisted's reactor would
-install the default one before Scrapy installs its asyncio reactor, and every crawl would fail.
+that configuration first, and adds the extension that reports the crawl's stats to its node. No reactor import:
+this is the crawl process, where importing Twisted's reactor would install the default one before Scrapy installs
+its asyncio reactor, and every crawl would fail.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, ot
 from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above
 from scrapyd.config import Config
 
+from scrapyd_pgqueue import stats_extension
 from scrapyd_pgqueue.application import apply_defaults
 
 
@@ -32,6 +34,7 @@ ClusterConfig = OneLineConfig  # its former name, still importable
 
 def main():
     scrapyd_runner.Config = OneLineConfig  # project_environment() builds its egg storage from Config()
+    stats_extension.install()  # the crawl reports its stats to its node (job_stats.py)
     scrapyd_runner.main()
 
 

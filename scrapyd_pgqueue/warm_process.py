@@ -5,8 +5,8 @@ environment; FD is its end of a SOCK_SEQPACKET socket pair. It activates the egg
 the spider modules and Scrapy's default components, checks that the project left no reactor, thread or socket
 behind (a fork would share them), freezes the heap (``gc.freeze``: copy-on-write pages stay shared) and serves:
 
-* node -> here: ``{"crawl": n, "args": [...], "env": {...}}`` with the crawl's stdout and stderr pipes attached
-  (SCM_RIGHTS); an end of stream asks it to exit once its crawls have ended;
+* node -> here: ``{"crawl": n, "args": [...], "env": {...}}`` with the crawl's stdout, stderr and stats pipes
+  attached (SCM_RIGHTS); an end of stream asks it to exit once its crawls have ended;
 * here -> node: ``{"ready": pid}`` or ``{"cold": reason}`` (then it exits), ``{"crawl": n, "pid": p}`` once
   forked, ``{"crawl": n, "status": s}`` (``waitpid``'s status) once the crawl ended.
 
@@ -55,9 +55,11 @@ def import_project(project: str) -> None:
     """What a crawl of this project imports before its spider starts, in the order ``scrapy crawl`` does."""
     from scrapyd import runner as scrapyd_runner
 
+    from scrapyd_pgqueue import stats_extension
     from scrapyd_pgqueue.runner import ClusterConfig
 
     scrapyd_runner.Config = ClusterConfig
+    stats_extension.install()  # as the runner does for a cold crawl
     scrapyd_runner.project_environment(project).__enter__()  # the egg stays active for every crawl
     from scrapy.spiderloader import get_spider_loader
     from scrapy.utils.project import get_project_settings
@@ -126,7 +128,7 @@ class WarmProcess:
                     self.reap(key.fd)
 
     def receive(self) -> None:
-        data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, 2)
+        data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, 3)
         if not data:  # the node retires this process, or is gone
             self.selector.unregister(self.control)
             self.closing = True
@@ -157,6 +159,8 @@ class WarmProcess:
             self.control.close()
             for pidfd in self.crawls:
                 os.close(pidfd)
+            if len(fds) > 2:  # the stats channel on descriptor 3 (job_stats.py), as a spawned crawl has it
+                os.dup2(fds[2], 3)  # before stdin is opened: the control socket's 3 is free now
             stdin = os.open(os.devnull, os.O_RDONLY)
             os.dup2(stdin, 0)
             os.dup2(fds[0], 1)

@@ -95,3 +95,21 @@ def test_quick_delayed_suite_writes_its_series(database_url, tmp_path):
     assert any(points[2][path]["promoted"] > 0 for path in ("pgqueue_pop", "claim_next_jobs_projects"))
     for point in result["series"]["explain"]["points"]:
         assert any(scan["index"] in DELAYED_INDEXES for scan in point["claim_project"]["scans"])
+
+
+@pytest.mark.timeout(60)
+def test_quick_tickstats_suite_writes_its_series(database_url, tmp_path):
+    # The node's tick with and without its running jobs' stats (quick: 4 and 16 jobs, 40 ticks each): a few seconds.
+    output = tmp_path / "results.json"
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("SCRAPYD_")}
+    command = [sys.executable, "-m", "bench", "--quick", "--suites", "tickstats", "--database-url", database_url,
+               "--output", str(output)]
+
+    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=50)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    points = json.loads(output.read_text())["suites"]["tickstats"]["series"]["ticks"]["points"]
+    assert [point["running"] for point in points] == [4, 16]
+    for point in points:  # every tick wrote its jobs' stats (the suite checks each tick's count), most of them HOT
+        assert point["rows_updated"] >= 40 * point["running"] and point["hot_updates"] > 0
+        assert point["with_stats"]["wal_bytes_per_tick"] > point["without_stats"]["wal_bytes_per_tick"]

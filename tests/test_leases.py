@@ -194,10 +194,41 @@ def test_recovery_is_one_statement_that_reads_the_running_jobs_index(store, admi
         cursor.execute("ANALYZE spider_job")
         cursor.execute("ANALYZE scrapyd_node")
     params = {"worker": "w2", "lease_seconds": 30.0, "max_attempts": 3, "recover": True, "release": False,
-              "known_ids": [], "claimed_before": NOW(), "channel": store_module.NOTIFY_CHANNEL, "prompt_seconds": 60.0}
+              "known_ids": [], "claimed_before": NOW(), "channel": store_module.NOTIFY_CHANNEL, "prompt_seconds": 60.0,
+              "stats": "[]"}
     with store.engine.connect() as connection:
         plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.NODE_TICK_QUERY), params).scalars())
     assert "spider_job_ongoing_worker_idx" in plan, plan
+
+
+def test_the_tick_writes_the_stats_of_its_own_current_claims_and_the_finish_replaces_them(store, admin_connection):
+    register(store, "w1", "w2")
+    enqueue(store, "mine", "theirs")
+    claims = {job.job: job for job in store.claim_next_jobs(None, 2, node="node-w1", worker="w1").jobs}
+    stale = dataclasses.replace(claims["theirs"], attempt=7)  # not the current attempt
+    running = {"item_scraped_count": 3, "start_time": "2026-11-27T10:00:00"}
+
+    written = store.node_tick(worker="w1", lease_seconds=30, max_attempts=3, recover=False, release=False,
+                              known_ids=[c.id for c in claims.values()], claimed_before=NOW(), prompt_seconds=60,
+                              stats=[(claims["mine"], running), (stale, {"item_scraped_count": 99})])
+    assert tick(store, worker="w2").stats_written == 0  # nothing to write: the statement is the same
+
+    def stats():
+        return dict(query_rows(admin_connection, "SELECT job, stats FROM spider_job"))
+
+    assert written.stats_written == 1 and stats() == {"mine": running, "theirs": None}
+    final = {**running, "item_scraped_count": 5, "finish_reason": "finished"}
+    now = NOW()
+    assert store.finish_job(project="p", spider="s", job="mine", start_time=now, end_time=now,
+                            claimed=claims["mine"], worker="w1", stats=final)
+    assert finish(store, claims["theirs"], "w1")  # no stats reported: none stored
+    assert stats() == {"mine": final, "theirs": None}
+
+
+def query_rows(admin_connection, sql):
+    with admin_connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()
 
 
 def test_a_stopping_node_hands_back_only_its_own_current_claims(store, admin_connection):

@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from bench.suites import bulk, churn, crawlstart, delayed, depth, idle, idlenode, scale, throughput, wakeup, warmstart
+from bench.suites import (
+    bulk, churn, crawlstart, delayed, depth, idle, idlenode, scale, throughput, tickstats, wakeup, warmstart,
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ SUITES = [
     Suite("wakeup", wakeup),
     Suite("idle", idle),
     Suite("idlenode", idlenode),
+    Suite("tickstats", tickstats),
     Suite("crawlstart", crawlstart),
     Suite("warmstart", warmstart),
     Suite("bulk", bulk),

@@ -18,3 +18,6 @@ FEED_EXPORT_ENCODING = "utf-8"
 # Taken from the environment so Scrapyd-launched crawls inherit it; it can also
 # be overridden per crawl with `-s EXAMPLE_RECORD_DIR=...`.
 EXAMPLE_RECORD_DIR = os.environ.get("EXAMPLE_RECORD_DIR") or None
+
+# The project's own extension, beside Scrapy's and the node's (which reports the crawl's stats).
+EXTENSIONS = {"example.extensions.RecordClose": 500}

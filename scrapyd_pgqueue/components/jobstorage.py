@@ -88,6 +88,7 @@ class PostgresJobStorage:
             node=self.node,
             claimed=getattr(job, "claimed", None),
             worker=pgconfig.WORKER_ID,
+            stats=getattr(getattr(job, "crawl_stats", None), "stats", None),  # what the crawl reported last
         )
         if not recorded:
             log.warn("Job {job} of project {project} ended here, but this node's lease on it expired and another "

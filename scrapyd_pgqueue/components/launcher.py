@@ -35,10 +35,12 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.job_stats import INTERVAL_VARIABLE, STATS_FD
 from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.node.crawl_api import SOCKET_DIRECTORY, CrawlApi
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment, node_secrets
+from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
@@ -65,6 +67,13 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
     cancel_signal = None  # the signal of the latest one
     warm_parent_died = False  # forked from a warm process that died under it (node/warm.py): handed back
     on_started = None  # the launcher's crawl_started, called once the pid is known
+    crawl_stats = None  # what the crawl reports on its stats descriptor (node/crawl_stats.py)
+
+    def childDataReceived(self, childFD, data):
+        if childFD == STATS_FD and self.crawl_stats is not None:
+            self.crawl_stats.receive(data)
+        else:
+            super().childDataReceived(childFD, data)
 
     def connectionMade(self):
         super().connectionMade()
@@ -292,6 +301,7 @@ class PostgresLauncher(Launcher):
         process = PostgresProcessProtocol(project, message["_spider"], message["_job"], {}, [])
         process.claimed = claimed
         process.on_started = self.crawl_started
+        process.crawl_stats = CrawlStats(project, message["_spider"])
         try:
             if isinstance(egg, EggRefused):
                 raise egg
@@ -301,6 +311,7 @@ class PostgresLauncher(Launcher):
             env = environment.get_environment(message, slot)
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
             env[crawl.JOB_VARIABLE] = message["_job"]
+            env[INTERVAL_VARIABLE] = f"{self.settings.stats_interval:g}"  # the crawl's stats (job_stats.py)
             if egg is not None:
                 env[EGG_FILE_VARIABLE] = egg
             process.env = crawl_environment(env, self.secrets)
@@ -325,7 +336,8 @@ class PostgresLauncher(Launcher):
 
     def _spawn_cold(self, process):
         """As Scrapyd spawns a crawl: a new Python running the runner."""
-        reactor.spawnProcess(process, sys.executable, args=process.args, env=process.env)
+        reactor.spawnProcess(process, sys.executable, args=process.args, env=process.env,
+                             childFDs={0: "w", 1: "r", 2: "r", STATS_FD: "r"})
 
     def crawl_started(self, process):
         """The crawl's pid is known (at once when spawned, once forked when warm): record it on the row."""

@@ -22,6 +22,7 @@ from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.node import crawl_stats
 from scrapyd_pgqueue.store import JobStore
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
@@ -84,16 +85,21 @@ class LeaseKeeper(threading.Thread):
 
     def beat(self, started: float) -> None:
         """One tick (``JobStore.node_tick``): renew the lease, recover expired ones when this node has been healthy
-        for a whole lease, hand back forgotten claims, and hand what it learned to the reactor."""
+        for a whole lease, hand back forgotten claims, write the running crawls' changed stats, and hand what it
+        learned to the reactor."""
         launcher, settings = self.launcher, self.settings
         healthy = self.healthy_since is not None and not launcher.stopping
+        stats = crawl_stats.stats_due(launcher.processes.copy().values(), settings.stats_interval)
         tick = self.store.node_tick(
             worker=pgconfig.WORKER_ID, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
             recover=healthy and started - self.healthy_since >= settings.lease_seconds,
             release=healthy, known_ids=launcher.known_claim_ids(),
             claimed_before=datetime.datetime.now() - FORGOTTEN_CLAIM_AGE,
             prompt_seconds=PROMPT_HEARTBEATS * settings.heartbeat_interval,
+            stats=[(claimed, job_stats) for claimed, _, job_stats in stats],
         )
+        if tick.stats_written is not None:
+            crawl_stats.written(stats)
         if not tick.registered:
             self.store.register_node(
                 worker=pgconfig.WORKER_ID, name=settings.node_name, url=launcher.url, max_proc=launcher.max_proc

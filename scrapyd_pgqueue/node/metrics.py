@@ -1,8 +1,8 @@
 """This node's own counters and histograms, exported by ``/metrics`` (``web/prometheus.py``) with the cluster's gauges.
 
 The poller and launcher count through one-line hooks (``metrics.CLAIMS.inc(n)``). No per-job label: a label's
-values are a bounded set (outcomes, operations). The node's registry is its own, so a test process that builds
-several nodes' components does not collide with the default registry.
+values are a bounded set (outcomes, operations, the projects' spiders). The node's registry is its own, so a test
+process that builds several nodes' components does not collide with the default registry.
 
 The metrics are built, and prometheus_client imported, when the node first counts something or is first scraped:
 an idle node that nobody scrapes does not carry the library (about 1 MB of an idle node's memory).
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 
-_NAMES = ("REGISTRY", "CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS")
+_NAMES = ("REGISTRY", "CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS",
+          "ITEMS_SCRAPED", "CRAWL_ERRORS")
 _building = threading.Lock()  # the reactor and the web threads may count first at the same moment
 
 
@@ -50,6 +51,15 @@ def _build() -> dict:
         "DATABASE_ERRORS": Counter(
             "scrapyd_pgqueue_database_errors", "Database operations of this node that failed, by operation.",
             ["operation"], registry=registry,
+        ),
+        # From the stats the crawls report (node/crawl_stats.py), as they come: a long crawl counts as it goes.
+        "ITEMS_SCRAPED": Counter(
+            "scrapyd_pgqueue_items_scraped", "Items scraped by the crawls this node ran, by project and spider.",
+            ["project", "spider"], registry=registry,
+        ),
+        "CRAWL_ERRORS": Counter(
+            "scrapyd_pgqueue_crawl_errors", "Log lines at ERROR or above of the crawls this node ran, by project and "
+            "spider.", ["project", "spider"], registry=registry,
         ),
     }
     for outcome in ("finished", "failed", "cancelled"):

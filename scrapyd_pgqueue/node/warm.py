@@ -2,7 +2,7 @@
 
 A warm process (``scrapyd_pgqueue/warm_process.py``) has imported one project version once; each crawl is a fork
 of it, so it reaches its spider in tens of milliseconds instead of a quarter of a second of imports. To the
-launcher a forked crawl looks like a spawned one: the node makes its stdout and stderr pipes and reads them as
+launcher a forked crawl looks like a spawned one: the node makes its stdout, stderr and stats pipes and reads them as
 Twisted reads a child's, ``WarmCrawl`` is its transport (the real pid, ``signalProcess``), and ``processEnded``
 gets the ``ProcessDone`` or ``ProcessTerminated`` that Twisted would give. Never worse than cold: a crawl whose
 warm process is still importing its project, a project that cannot be forked safely, a warm process that dies
@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.job_stats import STATS_FD
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 log = Logger()
@@ -42,13 +43,14 @@ READY_TIMEOUT = 120.0
 class WarmCrawl:
     """The transport of one forked crawl: its output pipes, its pid once forked, its end."""
 
-    def __init__(self, process, out_fd: int, err_fd: int):
+    def __init__(self, process, out_fd: int, err_fd: int, stats_fd: int):
         self.process = process
         self.pid = None
         self.status = None  # waitpid's status, once known
         self.ended = False
         self.pending_signals: list[int] = []  # signalled before the fork was reported: sent right after
-        self.readers = {1: ProcessReader(reactor, self, 1, out_fd), 2: ProcessReader(reactor, self, 2, err_fd)}
+        self.readers = {1: ProcessReader(reactor, self, 1, out_fd), 2: ProcessReader(reactor, self, 2, err_fd),
+                        STATS_FD: ProcessReader(reactor, self, STATS_FD, stats_fd)}
         process.transport = self  # cancel.json may signal it before its pid is known
 
     def started(self, pid: int) -> None:
@@ -158,18 +160,17 @@ class WarmProcess:
                               "env": process.env}).encode()
         if not self.alive or len(message) > MAX_MESSAGE:
             return False
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
+        (out_read, out_write), (err_read, err_write), (stats_read, stats_write) = os.pipe(), os.pipe(), os.pipe()
         try:
-            socket.send_fds(self.socket, [message], [out_write, err_write])
+            socket.send_fds(self.socket, [message], [out_write, err_write, stats_write])
         except OSError:  # full (a warm process still importing with many crawls queued), or gone
-            for fd in (out_read, err_read):
+            for fd in (out_read, err_read, stats_read):
                 os.close(fd)
             return False
         finally:
-            os.close(out_write)
-            os.close(err_write)
-        self.crawls[number] = WarmCrawl(process, out_read, err_read)
+            for fd in (out_write, err_write, stats_write):
+                os.close(fd)
+        self.crawls[number] = WarmCrawl(process, out_read, err_read, stats_read)
         self.last_used = time.monotonic()
         return True
 

@@ -36,6 +36,7 @@ from scrapyd_pgqueue.job_requests import (
     job_from_json,
     options_from_fields,
 )
+from scrapyd_pgqueue.job_stats import stats_summary
 from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
@@ -131,6 +132,8 @@ class ListJobs(DatabaseService):
             "log_url": listjobs_log_url(job) if self.root.logs_dir else None,
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
+            # Its stats as its node last wrote them (every stats_interval); finish_reason comes with its end.
+            **stats_summary(job.stats), "finish_reason": None,
         }
 
     def finished_entry(self, job):
@@ -144,6 +147,7 @@ class ListJobs(DatabaseService):
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
             "outcome": job.outcome,
+            **stats_summary(job.stats),  # items, requests, errors, finish_reason
         }
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.job_stats import SUMMARY_KEYS
 from scrapyd_pgqueue.sql import text
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
@@ -48,6 +49,7 @@ class RunningJob:
     start_time: datetime.datetime | None
     node: str | None
     worker: str | None
+    stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class FinishedJobRow:
     node: str | None
     outcome: str | None
     has_log: bool
+    stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
 
 
 @dataclass(frozen=True)
@@ -136,18 +139,23 @@ PENDING_PAGE = text("""
     LIMIT :limit OFFSET :offset
 """)
 
+# Of a job's stats (row j), the keys its summary reads (job_stats.stats_summary), not the whole dict: a list of many
+# jobs stays small. Constant keys, no user input.
+STATS_SUMMARY = "CASE WHEN j.stats IS NOT NULL THEN jsonb_build_object({}) END AS stats".format(
+    ", ".join(f"'{key}', j.stats->'{key}'" for key in SUMMARY_KEYS))
+
 # The running jobs (of :project, all when NULL) of every node: bounded by the cluster's process slots.
-RUNNING_JOBS = text("""
-    SELECT id, project, spider, job, pid, start_time, node, worker FROM spider_job
+RUNNING_JOBS = text(f"""
+    SELECT id, project, spider, job, pid, start_time, node, worker, {STATS_SUMMARY} FROM spider_job AS j
     WHERE status = 'ongoing' AND (CAST(:project AS text) IS NULL OR project = :project)
     ORDER BY start_time, id
 """)
 
 # The newest :limit finished jobs (of :project, all when NULL), with whether the database holds their log.
 # Reads spider_job_terminated_idx; terminated rows are pruned to finished_to_keep.
-FINISHED_JOBS = text("""
+FINISHED_JOBS = text(f"""
     SELECT j.id, j.project, j.spider, j.job, j.start_time, j.end_time, j.node, j.outcome,
-           EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log
+           EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log, {STATS_SUMMARY}
     FROM spider_job AS j
     WHERE j.status = 'terminated' AND (CAST(:project AS text) IS NULL OR j.project = :project)
     ORDER BY j.end_time DESC, j.id DESC
@@ -231,6 +239,12 @@ SAVE_LOG_BY_JOB_ID = text("""
     ORDER BY id DESC
     LIMIT 1
     ON CONFLICT (job_id) DO UPDATE SET log = excluded.log, size = excluded.size, created_time = now()
+""")
+
+# The whole stats of the newest run of :job of :project (stats.json); no row: an unknown job. Reads
+# spider_job_job_idx.
+JOB_STATS = text("""
+    SELECT stats FROM spider_job WHERE job = :job AND project = :project ORDER BY id DESC LIMIT 1
 """)
 
 # Where the log of the newest run of :project/:spider/:job is: its stored tail, else the node process with it
@@ -318,6 +332,13 @@ class AllJobsStore(StorePerEngine, OperatorQueries, TreeQueries):
             else:
                 params = {"project": project, "job": job, "log": log, "size": size}
                 connection.execute(SAVE_LOG_BY_JOB_ID, params)
+
+    @database_errors
+    def job_stats(self, project: str, job: str) -> dict[str, Any] | None:
+        """The stats of the newest run of a job as stored (``{}`` when it reported none yet); None: no such job."""
+        with db.autocommit(self.engine) as connection:
+            row = connection.execute(JOB_STATS, {"project": project, "job": job}).first()
+        return None if row is None else row.stats or {}
 
     @database_errors
     def find_log(self, project: str, spider: str, job: str) -> StoredLog | None:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.pool import Engine
@@ -26,6 +27,7 @@ from scrapyd_pgqueue.store.base import (
 # failure counted; out of retries it ends 'dead'. Any other outcome (a cancelled job among them) ends it. A retried
 # job gives its unique key up when a new waiting job took it meanwhile (spider_job_waiting_unique_key). The start
 # MARK_STARTED recorded for this crawl (its pid) stays, so that a job shows one start time running and finished.
+# The crawl's final stats (:stats) replace what its node's tick wrote; a job that waits to be retried has none.
 _RETRYING = "(:outcome = 'failed' AND failures < retries)"
 _END_OR_RETRY = f"""
     status = CASE WHEN {_RETRYING} THEN 'delayed' ELSE 'terminated' END,
@@ -35,7 +37,8 @@ _END_OR_RETRY = f"""
     unique_key = CASE WHEN {_RETRYING} THEN {KEY_UNLESS_TAKEN.format(row="spider_job")} ELSE unique_key END,
     exit_code = :exit_code, reason = :reason, pid = coalesce(:pid, pid),
     start_time = CASE WHEN pid = :pid THEN start_time ELSE :start_time END,
-    end_time = :end_time
+    end_time = :end_time,
+    stats = CASE WHEN {_RETRYING} THEN NULL ELSE coalesce(CAST(:stats AS jsonb), stats) END
 """
 
 # Record the crawl's pid once it is spawned; only while this claim still owns the job.
@@ -66,10 +69,10 @@ FINISH_BY_JOB_ID = text(f"""
 # the same id waits or runs (terminated rows are outside spider_job_live_job_key).
 INSERT_TERMINATED = text("""
     INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid,
-                            created_time, start_time, end_time)
+                            created_time, start_time, end_time, stats)
     VALUES (:project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
             coalesce(:start_time, now()), :start_time,
-            :end_time)
+            :end_time, CAST(:stats AS jsonb))
 """)
 
 # Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,
@@ -125,15 +128,17 @@ class JobEnds:
         self, *, project: str, spider: str, job: str, start_time: datetime.datetime, end_time: datetime.datetime,
         outcome: str = FINISHED, exit_code: int | None = None, reason: str | None = None, pid: int | None = None,
         node: str | None = None, claimed: ClaimedJob | None = None, worker: str | None = None,
+        stats: dict | None = None,
     ) -> bool:
         """Mark a job terminated; return False when a claim no longer owns it (it was recovered meanwhile).
 
         With ``claimed`` (and its ``worker``) only that claim is finished. Without, the live row of the job id
         claimed by ``worker`` is finished, or a terminated row is recorded for a job that never went through the
-        queue.
+        queue. ``stats``: the crawl's final stats (None: keep what its node wrote while it ran).
         """
         params = {"project": project, "spider": spider, "job": job, "outcome": outcome, "exit_code": exit_code,
-                  "reason": reason, "pid": pid, "node": node, "worker": worker}
+                  "reason": reason, "pid": pid, "node": node, "worker": worker,
+                  "stats": None if stats is None else json.dumps(stats, separators=(",", ":"))}
         params["start_time"], params["end_time"] = on_database_clock(start_time, end_time)
         if claimed is not None:
             params.update(id=claimed.id, attempt=claimed.attempt)

@@ -5,6 +5,7 @@ forgotten claims. ``NodeLeases`` holds their operations; ``queue.JobStore`` inhe
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ ENDED_FROM = SETTLED_FROM + """
 # spider_job_ongoing_worker_idx (running jobs only, by owner) joined to the small node table, never the waiting or
 # finished rows. Locks owner and job rows, skipping locked ones: a heartbeat or a finish being written at this
 # instant wins, and two nodes recovering at once share the work. Two parts: the expired claims, then their settling.
+# A job that runs again drops the stats of the lost attempt (its next attempt reports its own); an ended one keeps them.
 EXPIRED_CLAIMS = """
     expired AS (
         SELECT j.id, n.name,
@@ -96,11 +98,12 @@ RECOVER_EXPIRED = f"""
             reason = CASE WHEN expired.outcome IS NOT NULL OR j.retries > 0 THEN format(
                 'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
             ) END,
+            stats = CASE WHEN expired.outcome IS NOT NULL THEN j.stats END,
             """
 
 # Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
 # terminate them, as 'cancelled' when cancel.json asked for it, or as 'interrupted' once :max_attempts claims are
-# used up. Only while each claim is still its own. Pending ones wake idle nodes.
+# used up. Only while each claim is still its own. Pending ones wake idle nodes; their stats go, as in recovery.
 HAND_BACK_CLAIMS = text(f"""
     WITH claim AS (
         SELECT j.id,
@@ -118,6 +121,7 @@ HAND_BACK_CLAIMS = text(f"""
             reason = CASE WHEN claim.outcome IS NOT NULL THEN format(
                 'node %s stopped during attempt %s of %s', :node, j.attempts, :max_attempts
             ) END,
+            stats = CASE WHEN claim.outcome IS NOT NULL THEN j.stats END,
             {ENDED_FROM.format(source="claim", settled="handed_back")}
 """)
 
@@ -142,7 +146,8 @@ FORGOTTEN_CLAIMS = f"""
 # A node's tick: everything an idle node sends and learns each heartbeat, in one statement (one round trip, one
 # transaction) on its lease connection. Renews its lease (NULL clock: the node row is gone, register again);
 # when :recover, recovers other nodes' expired leases (EXPIRED_CLAIMS); when :release, hands back its forgotten
-# claims (FORGOTTEN_CLAIMS); pending ones wake idle nodes. Reads what the node acts on: the cancel requests for its
+# claims (FORGOTTEN_CLAIMS); pending ones wake idle nodes; writes its crawls' changed stats (STATS_WRITTEN). Reads
+# what the node acts on: the cancel requests for its
 # crawls (a floor under NOTIFY), the egg catalogue (EGG_CATALOGUE's figures: which projects changed) and in how
 # many seconds the next periodic job is due (NEXT_FIRE_IN). Recovery and release touch disjoint rows (other
 # workers' jobs, this worker's), and a false flag costs nothing: the values are in the query string, so the
@@ -156,11 +161,22 @@ PROMPT_TICK = """AND :recover AND EXISTS (
             SELECT FROM scrapyd_node AS me
             WHERE me.id = :worker AND me.heartbeat_time > now() - make_interval(secs => :prompt_seconds)
         )"""
+# The stats of this node's running crawls that changed (:stats, a JSON array of {id, attempt, stats}; '[]' for none),
+# each written while its claim owns the job: one statement per tick however many crawls run. Only the stats column
+# changes, which no index holds: the updates are HOT. Its rows are this worker's known claims, disjoint from the
+# other steps' rows.
+STATS_WRITTEN = """
+    stats_written AS (
+        UPDATE spider_job AS j SET stats = s.stats
+        FROM jsonb_to_recordset(CAST(:stats AS jsonb)) AS s(id bigint, attempt integer, stats jsonb)
+        WHERE j.id = s.id AND j.attempts = s.attempt AND j.worker = :worker AND j.status = 'ongoing'
+        RETURNING j.id
+    )"""
 NODE_TICK_QUERY = f"""
     WITH beat AS (
         UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
         RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
-    ), {EXPIRED_CLAIMS.replace("FOR UPDATE", PROMPT_TICK + " FOR UPDATE")},
+    ), {STATS_WRITTEN}, {EXPIRED_CLAIMS.replace("FOR UPDATE", PROMPT_TICK + " FOR UPDATE")},
     recovered AS ({RECOVER_EXPIRED}{SETTLED_FROM.format(source="expired")},
     released AS ({FORGOTTEN_CLAIMS.replace("WHERE status", "WHERE :release AND status")}),
     settled AS (
@@ -176,7 +192,8 @@ NODE_TICK_QUERY = f"""
                 SELECT project, count(*) AS eggs, max(id) AS newest FROM project_egg GROUP BY project
             ) AS catalogue) AS eggs,
            (SELECT CAST(extract(epoch FROM min(next_fire_time) - now()) AS double precision) FROM periodic_job
-            WHERE NOT paused) AS periodic_due_in
+            WHERE NOT paused) AS periodic_due_in,
+           (SELECT count(*) FROM stats_written) AS stats_written
 """
 NODE_TICK = text(f"SET LOCAL lock_timeout = {TICK_LOCK_TIMEOUT_MS}; {NODE_TICK_QUERY}")
 
@@ -196,6 +213,7 @@ class NodeTick:
     cancels: list[CancelRequest]  # for this node's crawls
     eggs: dict[str, tuple[int, int]] | None  # project -> (eggs, newest egg id), as EggStore.egg_catalogue; None: unread
     periodic_due_in: float | None  # seconds until the next periodic job is due; None: no active schedule
+    stats_written: int | None = 0  # running jobs whose stats it wrote; None: the tick gave way (none written)
 
 
 @dataclass(frozen=True)
@@ -242,15 +260,19 @@ class NodeLeases:
     def node_tick(
         self, *, worker: str, lease_seconds: float, max_attempts: int, recover: bool, release: bool,
         known_ids: Iterable[int], claimed_before: datetime.datetime, prompt_seconds: float,
+        stats: Iterable[tuple[ClaimedJob, dict]] = (),
     ) -> NodeTick:
         """Renew the lease and learn the cluster's news in one statement (NODE_TICK); ``recover`` and ``release``
         say whether to take other nodes' expired jobs (only while this node's previous heartbeat is at most
-        ``prompt_seconds`` old) and to hand back this node's forgotten claims."""
+        ``prompt_seconds`` old) and to hand back this node's forgotten claims. ``stats``: (claim, stats dict) of
+        this node's running crawls whose stats changed, written on their rows (STATS_WRITTEN)."""
         params = {
             "worker": worker, "lease_seconds": float(lease_seconds), "max_attempts": max_attempts,
             "recover": recover, "release": release, "known_ids": list(known_ids),
             "claimed_before": on_database_clock(claimed_before)[0], "channel": NOTIFY_CHANNEL,
             "prompt_seconds": float(prompt_seconds),
+            "stats": json.dumps([{"id": claimed.id, "attempt": claimed.attempt, "stats": job_stats}
+                                 for claimed, job_stats in stats], separators=(",", ":")),
         }
         try:
             with db.autocommit(self.engine) as connection:
@@ -261,7 +283,7 @@ class NodeLeases:
                 raise
             # A table the tick reads is locked (a migration, an operator's lock): the lease alone, news next time.
             return NodeTick(registered=self.heartbeat(worker), recovered=[], released=[], cancels=[], eggs=None,
-                            periodic_due_in=None)
+                            periodic_due_in=None, stats_written=None)
         if row.database_clock is not None:
             db.learn_clock_offset(row.database_clock, sent, time.time())
         settled = row.settled or []
@@ -272,6 +294,7 @@ class NodeLeases:
             cancels=[CancelRequest(*request) for request in row.cancels or []],
             eggs={project: tuple(figures) for project, figures in (row.eggs or {}).items()},
             periodic_due_in=row.periodic_due_in,
+            stats_written=row.stats_written,
         )
 
     @database_errors

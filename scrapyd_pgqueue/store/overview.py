@@ -30,6 +30,21 @@ class SpiderDepth:
 
 
 @dataclass(frozen=True)
+class SpiderItems:
+    """Items one spider scraped over the time its jobs ran (kept finished jobs and running ones)."""
+
+    project: str
+    spider: str
+    jobs: int
+    items: int
+    seconds: float
+
+    @property
+    def per_minute(self) -> float:
+        return self.items * 60 / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class MinuteCount:
     minute: datetime.datetime
     outcome: str
@@ -76,6 +91,25 @@ OUTCOMES_BY_SPIDER = text("""
         WHERE status = 'terminated' ORDER BY end_time DESC LIMIT :cap
     ) AS kept
     GROUP BY project, spider, outcome
+""")
+
+# Items each spider scraped over the minutes its jobs ran: the kept finished jobs (the newest :cap, by
+# spider_job_terminated_idx) and the running ones (to now), those that reported stats; :spiders spiders at most. A
+# count that is not a number (the crawl writes its own stats) counts as none.
+ITEMS_BY_SPIDER = text("""
+    SELECT project, spider, count(*) AS jobs,
+           sum(CASE WHEN jsonb_typeof(stats->'item_scraped_count') = 'number'
+                    THEN CAST(stats->>'item_scraped_count' AS numeric) ELSE 0 END) AS items,
+           CAST(sum(extract(epoch FROM coalesce(end_time, now()) - start_time)) AS double precision) AS seconds
+    FROM (
+        (SELECT project, spider, start_time, end_time, stats FROM spider_job
+         WHERE status = 'terminated' ORDER BY end_time DESC LIMIT :cap)
+        UNION ALL
+        (SELECT project, spider, start_time, NULL, stats FROM spider_job WHERE status = 'ongoing')
+    ) AS j
+    WHERE stats IS NOT NULL AND start_time IS NOT NULL
+    GROUP BY project, spider ORDER BY project, spider
+    LIMIT :spiders
 """)
 
 # Whether any job is delayed (spider_job_delayed_idx): the delayed column shows only then.
@@ -133,6 +167,14 @@ class OverviewStore(StorePerEngine):
             rows = [MinuteCount(local_time(row.minute), row.outcome, row.jobs)
                     for row in connection.execute(PER_MINUTE, params)]
             return rows, local_time(connection.execute(OLDEST_KEPT).scalar())
+
+    @database_errors
+    def items_by_spider(self) -> list[SpiderItems]:
+        """Items per spider over the minutes its kept finished and running jobs ran (ITEMS_BY_SPIDER)."""
+        with db.autocommit(self.engine) as connection:
+            rows = connection.execute(ITEMS_BY_SPIDER, {"cap": COUNT_CAP, "spiders": MAX_SPIDERS})
+            return [SpiderItems(row.project, row.spider, row.jobs, int(row.items), row.seconds or 0.0)
+                    for row in rows]
 
     @database_errors
     def oldest_pending_age(self) -> float | None:

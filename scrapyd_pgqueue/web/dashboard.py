@@ -128,6 +128,21 @@ def render_throughput(data, view) -> str:
     )
 
 
+def fetch_items(cluster, overview, view):
+    return overview.items_by_spider()
+
+
+def render_items(spiders, view) -> str:
+    def cells(spider):
+        return [cell(spider.project), cell(spider.spider), number_cell(f"{spider.jobs:,}"),
+                number_cell(f"{spider.items:,}"), number_cell(f"{spider.per_minute:,.1f}")]
+
+    note = ("<p>Items each spider scraped over the minutes its jobs ran, from the stats its crawls report: the kept "
+            f"finished jobs (finished_to_keep = {view.settings.finished_to_keep}) and the running ones.</p>")
+    return table("items", ["Project", "Spider", "Jobs", "Items", "Items per minute"],
+                 table_rows("items", spiders, cells), "No job has reported stats yet.") + note
+
+
 def fetch_failures(cluster, overview, view):
     return cluster.troubled_jobs(FAILURES_SHOWN)
 
@@ -175,6 +190,7 @@ SECTIONS = [
     Section("Nodes", fetch_nodes, render_nodes),
     Section("Queue by spider", fetch_depth, render_depth),
     Section("Throughput", fetch_throughput, render_throughput),
+    Section("Items per spider", fetch_items, render_items),
     Section("Newest failures", fetch_failures, render_failures),
     Section("Periodic jobs", fetch_periodic, render_periodic),
     Section("Per-spider limits", fetch_limits, render_limits),

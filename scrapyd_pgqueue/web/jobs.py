@@ -2,7 +2,8 @@
 
 Pending jobs one page at a time in run order (``?pending_offset=``), the running jobs of every node, and the kept
 finished jobs with their outcome. Scrapyd's columns come first, in Scrapyd's order, with plain ``<td>`` cells under
-``<h1>Jobs</h1>``: ScrapydWeb reads this page by position. Node and Outcome follow them.
+``<h1>Jobs</h1>``: ScrapydWeb reads this page by position. Node and Outcome follow them, then the job's items
+scraped, errors and finish reason (from its stats).
 
 Log links: a stored log (finished jobs) and a log file of this node are served here; a running job's log is on its
 node, linked at that node's registered URL. A node whose ``node_url`` is not set registers a URL made of its host
@@ -16,11 +17,14 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from scrapyd_pgqueue import db
+from scrapyd_pgqueue.job_stats import stats_summary
 from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, AllJobsStore, OverviewStore, local_time
 from scrapyd_pgqueue.web.page import CANCEL_CONFIRM, ThreadedPage, document, esc, no_microseconds, quoted_log_path
 
 STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
 EXTRA_HEADERS = ["Node", "Outcome"]
+# From each job's stats (job_stats.stats_summary), after every other column: pages read by position keep theirs.
+STATS_HEADERS = ["Items scraped", "Errors", "Finish reason"]
 PENDING_PAGE_SIZE = 100
 
 
@@ -44,7 +48,7 @@ class JobsPage(ThreadedPage):
             headers.append("Items")
         if b"cancel.json" in self.root.children:
             headers.append("Cancel")
-        return headers + EXTRA_HEADERS
+        return headers + EXTRA_HEADERS + STATS_HEADERS
 
     def fetch(self, offset: int) -> JobsData:
         settings = self.root.settings
@@ -142,6 +146,7 @@ class Rows:
             "Start": esc(no_microseconds(local_time(start))), "Runtime": esc(runtime),
             "Log": self.log_link(job, stored=False), "Items": self.items_link(job),
             "Cancel": self.cancel_button(job.project, job.job), "Node": esc(job.node),
+            **stats_cells(job.stats, running=True),
         })
 
     def finished(self, job) -> str:
@@ -152,7 +157,7 @@ class Rows:
             "Project": esc(job.project), "Spider": esc(job.spider), "Job": esc(job.job), "Start": esc(start),
             "Runtime": esc(end - start if start and end else None), "Finish": esc(end),
             "Log": self.log_link(job, stored=job.has_log) if ran else None, "Items": self.items_link(job),
-            "Node": esc(job.node), "Outcome": esc(job.outcome),
+            "Node": esc(job.node), "Outcome": esc(job.outcome), **stats_cells(job.stats, running=False),
         })
 
     def log_link(self, job, stored: bool) -> str:
@@ -169,6 +174,13 @@ class Rows:
     def items_link(self, job) -> str | None:
         url = self.root.get_item_url(job)
         return f'<a href="{self.base}{esc(url)}">Items</a>' if url else None
+
+
+def stats_cells(stats, running: bool) -> dict[str, str | None]:
+    """The stats columns of a job's row (escaped); the reason only once it ended."""
+    summary = stats_summary(stats)
+    return {"Items scraped": esc(summary["items"]), "Errors": esc(summary["errors"]),
+            "Finish reason": None if running else esc(summary["finish_reason"])}
 
 
 def url_is_guessed(url: str, node: str | None) -> bool:

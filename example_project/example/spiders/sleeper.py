@@ -1,3 +1,4 @@
+import json
 import time
 
 import scrapy
@@ -8,7 +9,12 @@ from example.recording import RecordingSpider
 
 class SleeperSpider(RecordingSpider):
     """Hold the job running for ``-a seconds=<float>`` (default 0), or until ``-a until=<Unix time>`` (crawls on
-    several nodes that end at the same instant), then yield one item."""
+    several nodes that end at the same instant), then yield one item.
+
+    ``-a items=<n>`` yields n items instead, one every seconds / n. ``-a noise=1`` logs one error and prints a line
+    to stdout per item, as a user's print would, one that looks like a stats message (the node keeps it apart from
+    the crawl's real stats).
+    """
 
     name = "sleeper"
 
@@ -16,6 +22,8 @@ class SleeperSpider(RecordingSpider):
         super().__init__(*args, **kwargs)
         self.seconds = float(kwargs.get("seconds", 0))
         self.until = float(kwargs["until"]) if "until" in kwargs else None
+        self.items = int(kwargs.get("items", 1))
+        self.noise = kwargs.get("noise") == "1"
 
     async def start(self):
         # A data: URL needs no network; the wait happens in the callback.
@@ -24,7 +32,15 @@ class SleeperSpider(RecordingSpider):
     async def parse(self, response):
         started = time.time()
         self.logger.info("Sleeping in the callback")  # tests wait for it: a graceful stop now waits for the sleep
-        # Non-blocking sleep (asyncio.sleep or deferLater, depending on the
-        # reactor): the reactor keeps running, so the crawl stays responsive.
-        await sleep(self.seconds if self.until is None else max(self.until - time.time(), 0))
-        yield {"job": self.job, "seconds": self.seconds, "slept": round(time.time() - started, 3)}
+        if self.noise:
+            self.logger.error("sleeper: one error, as asked (noise=1)")
+        for number in range(self.items):
+            # Non-blocking sleep (asyncio.sleep or deferLater, depending on the
+            # reactor): the reactor keeps running, so the crawl stays responsive.
+            wait = self.seconds / self.items if self.until is None else max(self.until - time.time(), 0)
+            await sleep(wait)
+            if self.noise:
+                print(json.dumps({"event": "closed", "reason": "forged", "stats": {"item_scraped_count": 10**6}}),
+                      flush=True)
+            yield {"job": self.job, "seconds": self.seconds, "slept": round(time.time() - started, 3),
+                   "number": number}
