@@ -77,6 +77,13 @@ class Settings:
     # Warm processes a node keeps (least recently used retired first), and seconds an unused one lives on.
     warm_processes: int = 4
     warm_idle_timeout: float = 300.0
+    # The watchdog (node/watchdog.py), seconds. A job without _max_runtime / _stall_timeout gets these; None: off.
+    max_runtime: float | None = None
+    stall_timeout: float | None = None
+    # A crawl asked to stop (cancel, watchdog, lost lease) and still alive this long after is SIGKILLed.
+    cancel_timeout: float = 300.0
+    # A crawl whose spider has not opened this long after its start is killed and its job handed back; None: off.
+    start_timeout: float | None = 120.0
 
     @property
     def stop_deadline(self) -> float:
@@ -149,6 +156,10 @@ def settings(config=None) -> Settings:
         warm_start=str(_get(config, "warm_start", "on")).lower() in ("on", "true", "yes", "1"),
         warm_processes=number("warm_processes", 4, int),
         warm_idle_timeout=number("warm_idle_timeout", 300.0),
+        max_runtime=number("max_runtime", 0.0) or None,
+        stall_timeout=number("stall_timeout", 0.0) or None,
+        cancel_timeout=number("cancel_timeout", 300.0),
+        start_timeout=number("start_timeout", 120.0) or None,
     )
     for option in ("dead_to_keep", "tree_max_jobs"):
         if (getattr(result, option) or 0) < 0:
@@ -158,6 +169,11 @@ def settings(config=None) -> Settings:
     for option in ("max_request_bytes", "max_egg_bytes"):
         if getattr(result, option) < 1:
             raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
+    for option in ("max_runtime", "stall_timeout", "cancel_timeout", "start_timeout"):
+        if (getattr(result, option) or 0) < 0:
+            raise ConfigurationError(f"'{option}' may not be negative (seconds; 0 turns it off)")
+    if result.cancel_timeout == 0:
+        raise ConfigurationError("'cancel_timeout' must be more than 0 seconds")
     if result.warm_processes < 1:
         raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:

@@ -79,7 +79,8 @@ class FollowUp:
     whatever became of its job; ``unique_scope="waiting"`` is schedule.json's ``_unique_key`` (with
     ``on_conflict``). ``run_at`` (Unix seconds or ISO 8601 with an offset) or ``delay`` (seconds) delay it;
     ``retries`` and ``retry_delay`` retry it; ``version`` pins an egg version (default: the version this crawl was
-    pinned to, else the newest); ``jobid`` names it (default: a new one).
+    pinned to, else the newest); ``jobid`` names it (default: a new one); ``max_runtime`` and ``stall_timeout``
+    (seconds) are schedule.json's ``_max_runtime`` and ``_stall_timeout``.
     """
 
     spider: str
@@ -95,6 +96,8 @@ class FollowUp:
     retry_delay: float | None = None
     version: str | None = None
     jobid: str | None = None
+    max_runtime: float | None = None
+    stall_timeout: float | None = None
 
 
 def schedule(
@@ -113,13 +116,15 @@ def schedule(
     version: str | None = None,
     jobid: str | None = None,
     parent: str | None = None,
+    max_runtime: float | None = None,
+    stall_timeout: float | None = None,
 ) -> str:
     """Schedule one child job of the running crawl now, in the crawl's own project; return its job id (for a tree
     key scheduled before, the job that has it). ``parent`` defaults to the running crawl (``NotInACrawlError`` when
     there is none); ``ValueError`` says what is wrong with a job that cannot be scheduled."""
     follow_up = FollowUp(
         spider, args, settings, priority, unique_key, unique_scope, on_conflict, run_at, delay, retries,
-        retry_delay, version, jobid,
+        retry_delay, version, jobid, max_runtime, stall_timeout,
     )
     return schedule_many([follow_up], parent=parent)[0]
 
@@ -385,7 +390,8 @@ class _Scheduler:
         optional = {
             "version": version, "jobid": follow_up.jobid, "run_at": follow_up.run_at, "delay": follow_up.delay,
             "retries": follow_up.retries, "retry_delay": follow_up.retry_delay,
-            "on_conflict": follow_up.on_conflict,
+            "on_conflict": follow_up.on_conflict, "max_runtime": follow_up.max_runtime,
+            "stall_timeout": follow_up.stall_timeout,
         }
         job.update((name, value) for name, value in optional.items() if value is not None)
         if follow_up.unique_key is not None:

@@ -39,7 +39,8 @@ from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
-from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.node.watchdog import Watchdog
+from scrapyd_pgqueue.store import JobStore, WatchdogLimits
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
@@ -62,8 +63,20 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
     cancel_signal = None  # the signal of the latest one
     warm_parent_died = False  # forked from a warm process that died under it (node/warm.py): handed back
     on_started = None  # the launcher's crawl_started, called once the pid is known
+    # The watchdog (node/watchdog.py); times are time.monotonic(). The crawl reports its spider's opening and its
+    # progress (the last change of its request, response or item counts; the opening at first) to its node.
+    started_at: float | None = None
+    spider_opened_at: float | None = None
+    progress_at: float | None = None
+    limits = WatchdogLimits()  # the job's own _max_runtime and _stall_timeout, learnt when its start is recorded
+    stop_asked_at: float | None = None  # first asked to stop (cancel.json's first signal, the watchdog)
+    killed_after_stop = False  # SIGKILLed cancel_timeout after that
+    watchdog_outcome = None  # timeout or stalled: stopped by the watchdog, which says why
+    watchdog_reason = None
+    start_timed_out = False  # killed for not reaching its spider within start_timeout: handed back
 
     def connectionMade(self):
+        self.started_at = time.monotonic()
         super().connectionMade()
         if self.on_started is not None:
             self.on_started(self)
@@ -76,7 +89,10 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
             signal = getattr(status.value, "signal", None)
             self.outcome = FAILED
             self.reason = f"killed by signal {signal}" if signal else f"exit code {self.exit_code}"
-        if self.cancel_signal is not None:  # however it exits, a crawl stopped by cancel.json was cancelled
+        if self.watchdog_outcome is not None:  # asked to stop by the watchdog before any cancel
+            self.outcome = self.watchdog_outcome
+            self.reason = f"{self.watchdog_reason}; {self.reason or 'exit code 0'}"
+        elif self.cancel_signal is not None:  # however it exits, a crawl stopped by cancel.json was cancelled
             self.outcome = CANCELLED
             self.reason = f"cancelled (signal {self.cancel_signal}); {self.reason or 'exit code 0'}"
         super().processEnded(status)
@@ -96,6 +112,7 @@ class PostgresLauncher(Launcher):
         self.lease_lost_claims = []  # claims of crawls stopped by lease_watch or whose warm process died: handed back
         # once the database answers
         self.events = ClusterEvents(self)  # cancel requests and egg changes from other nodes
+        self.watchdog = Watchdog(self)
         self.stopping = False
         self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
         self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
@@ -121,6 +138,7 @@ class PostgresLauncher(Launcher):
         if self.lease_watch is not None:
             self.lease_watch.start()
         self.events.start()
+        self.watchdog.start()
         self.upkeep.startService()
         super().startService()
 
@@ -163,6 +181,7 @@ class PostgresLauncher(Launcher):
             return
         finally:
             self.upkeep.stopService()
+            self.watchdog.stop()
             self.lease.stop()
         self._log_released(handed_back, "was handed back by this stopping node")
         if self.unrecorded:
@@ -232,7 +251,8 @@ class PostgresLauncher(Launcher):
             self.store.hand_back, claims, worker=pgconfig.WORKER_ID, node=self.settings.node_name,
             max_attempts=self.settings.max_attempts,
         ).addCallbacks(self._log_released, failed,
-                       callbackArgs=("was stopped (lost lease, or its warm process died) and handed back",))
+                       callbackArgs=("was stopped (lost lease, its warm process died, or it did not reach its spider "
+                                     "within start_timeout) and handed back",))
 
     def _log_released(self, released, how):
         """Reactor thread: log jobs taken from a node, and claim at once what went back to pending."""
@@ -313,12 +333,15 @@ class PostgresLauncher(Launcher):
             threads.deferToThread(
                 self.store.mark_started, process.claimed, worker=pgconfig.WORKER_ID, pid=process.pid,
                 start_time=process.start_time,
-            ).addErrback(lambda failure: log.error("Could not record the pid: {e}", e=failure.getErrorMessage()))
+            ).addCallbacks(
+                lambda limits: setattr(process, "limits", limits or WatchdogLimits()),
+                lambda failure: log.error("Could not record the pid: {e}", e=failure.getErrorMessage()),
+            )
 
     def _process_finished(self, _, slot):
         process = self.processes.pop(slot)
         process.end_time = datetime.datetime.now()
-        if (process.lease_lost or process.warm_parent_died) and process.claimed is not None:
+        if (process.lease_lost or process.warm_parent_died or process.start_timed_out) and process.claimed is not None:
             self.lease_lost_claims.append(process.claimed)
         elif not process.handed_back:
             self._record_finished(process)

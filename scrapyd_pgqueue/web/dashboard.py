@@ -24,7 +24,7 @@ FAILURES_SHOWN = 20
 DEPTH_STATES = ("pending", "delayed", "running", "finished", "failed", "cancelled", "lost", "interrupted", "dead")
 ALWAYS_SHOWN = ("pending", "running")
 # Outcomes charted as failures: the job did not end well.
-FAILED_OUTCOMES = ("failed", "lost", "interrupted", "dead")
+FAILED_OUTCOMES = ("failed", "lost", "interrupted", "dead", "timeout", "stalled")
 
 STYLE = """
     .summary span { display: inline-block; margin-right: 1.5rem; }
