@@ -71,7 +71,8 @@ ADD_PERIODIC = text("""
 LIST_PERIODIC = text("""
     SELECT p.name, p.project, p.spider, p.cron, p.timezone, p.every_seconds, p.priority, p.args, p.settings,
            p.overlap, p.paused, p.next_fire_time, p.last_fire_time, p.last_job, p.fired, p.skipped, p.created_time,
-           p.max_runtime, p.stall_timeout, (SELECT j.status FROM spider_job AS j WHERE j.id = p.last_job_id) AS last_status
+           p.max_runtime, p.stall_timeout,
+           (SELECT j.status FROM spider_job AS j WHERE j.id = p.last_job_id) AS last_status
     FROM periodic_job AS p
     WHERE CAST(:project AS text) IS NULL OR p.project = :project
     ORDER BY p.name
