@@ -80,7 +80,7 @@ class Settings:
     # The watchdog (node/watchdog.py), seconds. A job without _max_runtime / _stall_timeout gets these; None: off.
     max_runtime: float | None = None
     stall_timeout: float | None = None
-    # A crawl asked to stop (cancel, watchdog, lost lease) and still alive this long after is SIGKILLed.
+    # A crawl asked to stop (cancel.json's first signal, the watchdog) and still alive this long after is SIGKILLed.
     cancel_timeout: float = 300.0
     # A crawl whose spider has not opened this long after its start is killed and its job handed back; None: off.
     start_timeout: float | None = 120.0
@@ -169,10 +169,10 @@ def settings(config=None) -> Settings:
     for option in ("max_request_bytes", "max_egg_bytes"):
         if getattr(result, option) < 1:
             raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
-    for option in ("max_runtime", "stall_timeout", "cancel_timeout", "start_timeout"):
+    for option in ("max_runtime", "stall_timeout", "start_timeout"):
         if (getattr(result, option) or 0) < 0:
             raise ConfigurationError(f"'{option}' may not be negative (seconds; 0 turns it off)")
-    if result.cancel_timeout == 0:
+    if result.cancel_timeout <= 0:
         raise ConfigurationError("'cancel_timeout' must be more than 0 seconds")
     if result.warm_processes < 1:
         raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")

@@ -12,6 +12,9 @@ thread's tick (one statement a heartbeat) also hands back claims this node has n
 was lost with its connection) and reads the cancel requests, egg catalogue and next periodic due time, which
 ``learn`` acts on; the reactor's upkeep hands back the jobs of crawls stopped for a lost lease.
 
+The watchdog (``node/watchdog.py``) stops crawls past their job's limits (outcome 'timeout' or 'stalled'), kills
+those that ignore a stop, and hands back the jobs of crawls that never reach their spider.
+
 Graceful stop (SIGTERM): stop claiming, let running crawls go on for up to ``stop_timeout`` seconds, record
 the ones that end, then kill what still runs and hand it back to the queue (the attempt stays counted; once
 ``max_attempts`` are used up the job ends as 'interrupted'). Only then is the node marked stopped.
