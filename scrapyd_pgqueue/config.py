@@ -79,6 +79,13 @@ class Settings:
     warm_idle_timeout: float = 300.0
     # Seconds between two reports of a running crawl's stats to its node, and between two writes of them.
     stats_interval: float = 30.0
+    # The watchdog (node/watchdog.py), seconds. A job without _max_runtime / _stall_timeout gets these; None: off.
+    max_runtime: float | None = None
+    stall_timeout: float | None = None
+    # A crawl asked to stop (cancel.json's first signal, the watchdog) and still alive this long after is SIGKILLed.
+    cancel_timeout: float = 300.0
+    # A crawl whose spider has not opened this long after its start is killed and its job handed back; None: off.
+    start_timeout: float | None = 120.0
 
     @property
     def stop_deadline(self) -> float:
@@ -164,6 +171,10 @@ def settings(config=None) -> Settings:
         warm_processes=number("warm_processes", 4, int),
         warm_idle_timeout=number("warm_idle_timeout", 300.0),
         stats_interval=number("stats_interval", 30.0),
+        max_runtime=number("max_runtime", 0.0) or None,
+        stall_timeout=number("stall_timeout", 0.0) or None,
+        cancel_timeout=number("cancel_timeout", 300.0),
+        start_timeout=number("start_timeout", 120.0) or None,
     )
     for option in ("dead_to_keep", "tree_max_jobs"):
         if (getattr(result, option) or 0) < 0:
@@ -175,6 +186,11 @@ def settings(config=None) -> Settings:
             raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
     if result.stats_interval <= 0:
         raise ConfigurationError("'stats_interval' must be more than 0 (seconds)")
+    for option in ("max_runtime", "stall_timeout", "start_timeout"):
+        if (getattr(result, option) or 0) < 0:
+            raise ConfigurationError(f"'{option}' may not be negative (seconds; 0 turns it off)")
+    if result.cancel_timeout <= 0:
+        raise ConfigurationError("'cancel_timeout' must be more than 0 seconds")
     if result.warm_processes < 1:
         raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:

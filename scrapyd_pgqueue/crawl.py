@@ -56,7 +56,8 @@ class FollowUp:
     whatever became of its job; ``unique_scope="waiting"`` is schedule.json's ``_unique_key`` (with
     ``on_conflict``). ``run_at`` (Unix seconds or ISO 8601 with an offset) or ``delay`` (seconds) delay it;
     ``retries`` and ``retry_delay`` retry it; ``version`` pins an egg version (default: the version this crawl was
-    pinned to, else the newest); ``jobid`` names it (default: a new one).
+    pinned to, else the newest); ``jobid`` names it (default: a new one); ``max_runtime`` and ``stall_timeout``
+    (seconds) are schedule.json's ``_max_runtime`` and ``_stall_timeout``.
     """
 
     spider: str
@@ -72,6 +73,8 @@ class FollowUp:
     retry_delay: float | None = None
     version: str | None = None
     jobid: str | None = None
+    max_runtime: float | None = None
+    stall_timeout: float | None = None
 
 
 def schedule(
@@ -90,6 +93,8 @@ def schedule(
     version: str | None = None,
     jobid: str | None = None,
     parent: str | None = None,
+    max_runtime: float | None = None,
+    stall_timeout: float | None = None,
 ) -> str:
     """Schedule one child job of the running crawl now, in the crawl's own project; return its job id (for a tree
     key scheduled before, the job that has it). ``parent`` defaults to the running crawl (``NotInACrawlError`` when
@@ -97,7 +102,7 @@ def schedule(
     the node or its database did not answer, nothing was stored."""
     follow_up = FollowUp(
         spider, args, settings, priority, unique_key, unique_scope, on_conflict, run_at, delay, retries,
-        retry_delay, version, jobid,
+        retry_delay, version, jobid, max_runtime, stall_timeout,
     )
     return schedule_many([follow_up], parent=parent)[0]
 

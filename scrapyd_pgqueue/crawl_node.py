@@ -118,7 +118,8 @@ class Scheduler:
             "version": version, "jobid": follow_up.jobid or uuid.uuid1().hex, "run_at": follow_up.run_at,
             "delay": follow_up.delay,
             "retries": follow_up.retries, "retry_delay": follow_up.retry_delay,
-            "on_conflict": follow_up.on_conflict,
+            "on_conflict": follow_up.on_conflict, "max_runtime": follow_up.max_runtime,
+            "stall_timeout": follow_up.stall_timeout,
         }
         job.update((name, value) for name, value in optional.items() if value is not None)
         if follow_up.unique_key is not None:

@@ -30,6 +30,8 @@ OPTION_FIELDS = {
     "_unique_scope": "unique_scope",
     "_on_complete": "on_complete",
     "_on_complete_args": "on_complete_args",
+    "_max_runtime": "max_runtime",
+    "_stall_timeout": "stall_timeout",
 }
 # The keys of a batch's job object.
 JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()}
@@ -185,8 +187,20 @@ def _options(given: dict[str, Any], default_retries: int) -> JobOptions:
             raise RefusedJob(f"{what} must be between 0 and {MAX_DELAY_SECONDS} seconds, not {seconds}")
     run_at = None if given.get("run_at") is None else _run_at(given["run_at"])
     return JobOptions(
-        run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0), **_tree_options(given)
+        run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0), **_tree_options(given),
+        **watchdog_limits(given),
     )
+
+
+def watchdog_limits(given: dict[str, Any]) -> dict[str, float | None]:
+    """max_runtime and stall_timeout (seconds, from a form's text or JSON numbers; None when not given)."""
+    limits = {}
+    for what in ("max_runtime", "stall_timeout"):
+        seconds = None if given.get(what) in (None, "") else _number(what, given[what])
+        if seconds is not None and not 0 < seconds <= MAX_DELAY_SECONDS:
+            raise RefusedJob(f"{what} must be more than 0 and at most {MAX_DELAY_SECONDS} seconds, not {seconds:g}")
+        limits[what] = seconds
+    return limits
 
 
 def _tree_options(given: dict[str, Any]) -> dict[str, Any]:
@@ -304,12 +318,13 @@ def _strings(what: str, values: Any) -> dict[str, str]:
 
 
 def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC", priority=0.0, args=None,
-                 settings=None, overlap="skip"):
+                 settings=None, overlap="skip", max_runtime=None, stall_timeout=None):
     """A PeriodicJob checked by schedule.json's rules for what reaches the crawl (RefusedJob or
     InvalidScheduleError say why not)."""
     from scrapyd_pgqueue.store import PeriodicJob, Timing, check_timing
 
     timing = check_timing(Timing(cron=cron, timezone=timezone, every_seconds=every))
     job_from_json({"spider": spider, "args": args or {}, "settings": settings or {}})  # RefusedJob: what is wrong
+    limits = watchdog_limits({"max_runtime": max_runtime, "stall_timeout": stall_timeout})
     return PeriodicJob(name, project, spider, timing, check_priority(priority), dict(args or {}),
-                       dict(settings or {}), overlap)
+                       dict(settings or {}), overlap, **limits)

@@ -256,3 +256,12 @@ def test_the_tree_command(database_url, in_a_crawl, capsys):
     out = capsys.readouterr().out
     assert "Tree root of project p: 2 jobs, open: 2 jobs not ended" in out and "running" in out
     assert cli.main(["tree", "nope", "--project", "p", "--database-url", database_url]) == 1
+
+
+def test_a_child_carries_its_own_watchdog_limits(database_url, in_a_crawl):
+    bounded = crawl.schedule("page", max_runtime=30, stall_timeout=5)
+    [other] = crawl.schedule_many([crawl.FollowUp("page", max_runtime=60)])
+    assert query(database_url, "SELECT job, max_runtime, stall_timeout FROM spider_job WHERE parent = 'root' "
+                               "ORDER BY id") == [(bounded, 30.0, 5.0), (other, 60.0, None)]
+    with pytest.raises(ValueError, match="max_runtime must be more than 0"):
+        crawl.schedule("page", max_runtime=0)

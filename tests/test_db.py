@@ -486,3 +486,26 @@ def test_an_ambiguous_database_url_is_refused_before_any_connection_and_never_sh
     shown = [str(raised.value), cli.stdout + cli.stderr, str(refused.value)]
     shown += [log.read_text(errors="replace") for log in (tmp_path / "node").rglob("*.log")]
     assert not any(part in text for part in PASSWORD_PARTS for text in shown)
+
+
+def test_0014_upgrades_a_populated_queue_whose_jobs_then_take_watchdog_limits_and_outcomes(database_url):
+    _migrate_to(database_url, "0009")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, status, outcome, run_at, created_time, end_time)
+        SELECT 'p', 's', 'job-' || i, 'terminated', (ARRAY['finished', 'failed', 'dead'])[1 + i %% 3], now(), now(),
+               now()
+        FROM generate_series(1, %s) AS i
+    """, (3000,))
+    query(database_url, "INSERT INTO periodic_job (name, project, spider, every_seconds, next_fire_time) "
+                        "VALUES ('often', 'p', 's', 60, now())")
+
+    _migrate_to(database_url, "0014")
+
+    assert query(database_url, "SELECT count(*), count(max_runtime), count(stall_timeout) FROM spider_job") == [
+        (3000, 0, 0)]
+    query(database_url, "UPDATE spider_job SET outcome = 'timeout', max_runtime = 3 WHERE job = 'job-1'")
+    query(database_url, "UPDATE spider_job SET outcome = 'stalled', stall_timeout = 60 WHERE job = 'job-2'")
+    query(database_url, "UPDATE periodic_job SET max_runtime = 3600")
+    _migrate_to(database_url, "0009", down=True)
+    assert query(database_url, "SELECT outcome, count(*) FROM spider_job GROUP BY outcome ORDER BY outcome") == [
+        ("dead", 999), ("failed", 1001), ("finished", 1000)]  # timeout and stalled read as failed, as before

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from scrapyd_pgqueue import cli
+from scrapyd_pgqueue.job_requests import RefusedJob, periodic_job
 from scrapyd_pgqueue.node.periodic import MAX_SLEEP, MIN_SLEEP, PeriodicFirer
 from scrapyd_pgqueue.store import (
     InvalidScheduleError,
@@ -21,6 +22,7 @@ from scrapyd_pgqueue.store import (
     PeriodicJob,
     ScheduleStore,
     Timing,
+    WatchdogLimits,
     check_timing,
     first_due_after,
 )
@@ -127,6 +129,20 @@ def test_a_fired_job_looks_like_one_schedule_json_queued(database_url, schedules
     assert len(job) == 32 and 59 < firing.next_due_in <= 60
     [claimed] = JobStore.for_url(database_url).claim_next_jobs(["p"], 1, node="n", worker="w").jobs
     assert claimed.message == message
+
+
+def test_a_periodic_job_s_watchdog_limits_reach_each_fired_job_and_its_node(database_url, schedules):
+    schedules.add_periodic(periodic_job("bounded", "p", "s", every=60, max_runtime="30", stall_timeout=600))
+    [listed] = schedules.list_periodic("p")
+    assert (listed.max_runtime, listed.stall_timeout) == (30.0, 600.0)
+    make_due(database_url, "bounded")
+    schedules.fire_due()
+    store = JobStore.for_url(database_url)
+    [claimed] = store.claim_next_jobs(["p"], 1, node="n", worker="w").jobs
+    now = datetime.datetime.now()
+    assert store.mark_started(claimed, worker="w", pid=1, start_time=now) == WatchdogLimits(30.0, 600.0)
+    with pytest.raises(RefusedJob, match="stall_timeout must be more than 0"):
+        periodic_job("stuck", "p", "s", every=60, stall_timeout=0)
 
 
 def test_concurrent_firers_fire_each_due_time_exactly_once(database_url, schedules):

@@ -123,7 +123,7 @@ def run_status(args) -> int:
     by_outcome = ", ".join(f"{outcome} {count}" for outcome, count in outcomes.items())
     print(f"\nFinished (kept): {sum(outcomes.values())}{f' ({by_outcome})' if by_outcome else ''}")
     if troubled:
-        print(f"\nFailed, lost or interrupted (newest {TROUBLED_SHOWN}):")
+        print(f"\nFailed, lost, interrupted, dead, timed out or stalled (newest {TROUBLED_SHOWN}):")
         print(table(["PROJECT", "SPIDER", "JOB", "OUTCOME", "NODE", "ATTEMPTS", "ENDED", "REASON"],
                     [(j.project, j.spider, j.job, j.outcome, j.node, j.attempts, when(j.end_time), j.reason)
                      for j in troubled]))

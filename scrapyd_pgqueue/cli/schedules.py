@@ -44,6 +44,11 @@ def add_commands(commands, database_url_argument) -> None:
                      help="a Scrapy setting of the crawl")
     add.add_argument("--overlap", choices=("skip", "queue"), default="skip",
                      help="skip (default): no firing while the previous fired job still waits or runs; queue: fire")
+    add.add_argument("--max-runtime", type=float, metavar="SECONDS",
+                     help="each fired job's _max_runtime: stopped past it, outcome timeout (default: the node's)")
+    add.add_argument("--stall-timeout", type=float, metavar="SECONDS",
+                     help="each fired job's _stall_timeout: stopped after SECONDS without a request, response or "
+                          "item, outcome stalled (default: the node's)")
     listing = action(periodic, "list", run_list, "list the periodic jobs")
     listing.add_argument("--project", help="only this project's")
     for name, run, help_text in (
@@ -96,7 +101,7 @@ def run_add(args) -> int:
         job = periodic_job(
             args.name, args.project, args.spider, cron=args.cron, every=args.every, timezone=args.timezone,
             priority=args.priority, args=_pairs("-a", args.args), settings=_pairs("-s", args.settings),
-            overlap=args.overlap,
+            overlap=args.overlap, max_runtime=args.max_runtime, stall_timeout=args.stall_timeout,
         )
         due = _store(args).add_periodic(job)
     except (ValueError, RefusedJob, InvalidScheduleError, DuplicateScheduleError) as e:

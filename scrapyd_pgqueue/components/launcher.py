@@ -12,6 +12,9 @@ thread's tick (one statement a heartbeat) also hands back claims this node has n
 was lost with its connection) and reads the cancel requests, egg catalogue and next periodic due time, which
 ``learn`` acts on; the reactor's upkeep hands back the jobs of crawls stopped for a lost lease.
 
+The watchdog (``node/watchdog.py``) stops crawls past their job's limits (outcome 'timeout' or 'stalled'), kills
+those that ignore a stop, and hands back the jobs of crawls that never reach their spider.
+
 Graceful stop (SIGTERM): stop claiming, let running crawls go on for up to ``stop_timeout`` seconds, record
 the ones that end, then kill what still runs and hand it back to the queue (the attempt stays counted; once
 ``max_attempts`` are used up the job ends as 'interrupted'). Only then is the node marked stopped.
@@ -44,7 +47,8 @@ from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
-from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.node.watchdog import Watchdog
+from scrapyd_pgqueue.store import JobStore, WatchdogLimits
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
@@ -67,7 +71,27 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
     cancel_signal = None  # the signal of the latest one
     warm_parent_died = False  # forked from a warm process that died under it (node/warm.py): handed back
     on_started = None  # the launcher's crawl_started, called once the pid is known
+    # The watchdog (node/watchdog.py); times are time.monotonic(). The crawl reports its spider's opening and its
+    # progress (the last change of its request, response or item counts; the opening at first) to its node.
+    started_at: float | None = None
+    limits = WatchdogLimits()  # the job's own _max_runtime and _stall_timeout, learnt when its start is recorded
+    stop_asked_at: float | None = None  # first asked to stop (cancel.json's first signal, the watchdog)
+    killed_after_stop = False  # SIGKILLed cancel_timeout after that
+    watchdog_outcome = None  # timeout or stalled: stopped by the watchdog, which says why
+    watchdog_reason = None
+    start_timed_out = False  # killed for not reaching its spider within start_timeout: handed back
     crawl_stats = None  # what the crawl reports on its stats descriptor (node/crawl_stats.py)
+
+    @property
+    def spider_opened_at(self) -> float | None:
+        return None if self.crawl_stats is None else self.crawl_stats.opened_at
+
+    @property
+    def progress_at(self) -> float | None:
+        """The last change of its request, response or item counts; its spider's opening until the first."""
+        if self.crawl_stats is None or self.crawl_stats.progress_at is None:
+            return self.spider_opened_at
+        return self.crawl_stats.progress_at
 
     def childDataReceived(self, childFD, data):
         if childFD == STATS_FD and self.crawl_stats is not None:
@@ -76,6 +100,7 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
             super().childDataReceived(childFD, data)
 
     def connectionMade(self):
+        self.started_at = time.monotonic()
         super().connectionMade()
         if self.on_started is not None:
             self.on_started(self)
@@ -88,7 +113,10 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
             signal = getattr(status.value, "signal", None)
             self.outcome = FAILED
             self.reason = f"killed by signal {signal}" if signal else f"exit code {self.exit_code}"
-        if self.cancel_signal is not None:  # however it exits, a crawl stopped by cancel.json was cancelled
+        if self.watchdog_outcome is not None:  # asked to stop by the watchdog before any cancel
+            self.outcome = self.watchdog_outcome
+            self.reason = f"{self.watchdog_reason}; {self.reason or 'exit code 0'}"
+        elif self.cancel_signal is not None:  # however it exits, a crawl stopped by cancel.json was cancelled
             self.outcome = CANCELLED
             self.reason = f"cancelled (signal {self.cancel_signal}); {self.reason or 'exit code 0'}"
         super().processEnded(status)
@@ -108,6 +136,7 @@ class PostgresLauncher(Launcher):
         self.lease_lost_claims = []  # claims of crawls stopped by lease_watch or whose warm process died: handed back
         # once the database answers
         self.events = ClusterEvents(self)  # cancel requests and egg changes from other nodes
+        self.watchdog = Watchdog(self)
         self.stopping = False
         self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
         self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
@@ -138,6 +167,7 @@ class PostgresLauncher(Launcher):
         if self.lease_watch is not None:
             self.lease_watch.start()
         self.events.start()
+        self.watchdog.start()
         self.upkeep.startService()
         super().startService()
 
@@ -180,6 +210,7 @@ class PostgresLauncher(Launcher):
             return
         finally:
             self.upkeep.stopService()
+            self.watchdog.stop()
             self.lease.stop()
         self._log_released(handed_back, "was handed back by this stopping node")
         if self.unrecorded:
@@ -249,7 +280,8 @@ class PostgresLauncher(Launcher):
             self.store.hand_back, claims, worker=pgconfig.WORKER_ID, node=self.settings.node_name,
             max_attempts=self.settings.max_attempts,
         ).addCallbacks(self._log_released, failed,
-                       callbackArgs=("was stopped (lost lease, or its warm process died) and handed back",))
+                       callbackArgs=("was stopped (lost lease, its warm process died, or it did not reach its spider "
+                                     "within start_timeout) and handed back",))
 
     def _log_released(self, released, how):
         """Reactor thread: log jobs taken from a node, and claim at once what went back to pending."""
@@ -345,13 +377,16 @@ class PostgresLauncher(Launcher):
             threads.deferToThread(
                 self.store.mark_started, process.claimed, worker=pgconfig.WORKER_ID, pid=process.pid,
                 start_time=process.start_time,
-            ).addErrback(lambda failure: log.error("Could not record the pid: {e}", e=failure.getErrorMessage()))
+            ).addCallbacks(
+                lambda limits: setattr(process, "limits", limits or WatchdogLimits()),
+                lambda failure: log.error("Could not record the pid: {e}", e=failure.getErrorMessage()),
+            )
 
     def _process_finished(self, _, slot):
         process = self.processes.pop(slot)
         process.end_time = datetime.datetime.now()
         self.crawl_api.forget(process.env)
-        if (process.lease_lost or process.warm_parent_died) and process.claimed is not None:
+        if (process.lease_lost or process.warm_parent_died or process.start_timed_out) and process.claimed is not None:
             self.lease_lost_claims.append(process.claimed)
         elif not process.handed_back:
             self._record_finished(process)

@@ -128,6 +128,8 @@ class ClusterEvents:
             log.error("Could not signal job {job} of project {project}: {error}", job=job, project=project, error=e)
             return
         process.cancel_signal = signal
+        if getattr(process, "stop_asked_at", None) is None:  # cancel_timeout runs from the first (node/watchdog.py)
+            process.stop_asked_at = time.monotonic()
 
     def refresh_projects(self, projects, read_at: float) -> bool:
         """Learn deployed or deleted eggs, seen in a read asked for at ``read_at`` (``time.monotonic()``): poller

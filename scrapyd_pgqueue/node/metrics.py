@@ -38,7 +38,8 @@ def _build() -> dict:
         "CRAWLS_STARTED": Counter("scrapyd_pgqueue_crawls_started", "Crawl processes this node started.",
                                   registry=registry),
         "CRAWLS_ENDED": Counter(
-            "scrapyd_pgqueue_crawls_ended", "Crawls this node ran that ended, by outcome (finished, failed, cancelled).",
+            "scrapyd_pgqueue_crawls_ended",
+            "Crawls this node ran that ended, by outcome (finished, failed, cancelled, timeout, stalled).",
             ["outcome"], registry=registry,
         ),
         "SCHEDULE_TO_START": Histogram(
@@ -62,7 +63,7 @@ def _build() -> dict:
             "spider.", ["project", "spider"], registry=registry,
         ),
     }
-    for outcome in ("finished", "failed", "cancelled"):
+    for outcome in ("finished", "failed", "cancelled", "timeout", "stalled"):
         built["CRAWLS_ENDED"].labels(outcome)  # exported at 0 from the start: rate() sees the first increase
     for operation in ("claim", "record", "start", "web"):
         built["DATABASE_ERRORS"].labels(operation)

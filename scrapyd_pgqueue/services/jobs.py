@@ -306,7 +306,8 @@ class LogFiles(File):
 class Schedule(DatabaseService):
     """schedule.json as Scrapyd's (same fields, checks and answer), refusing with a plain message what the queue
     cannot store or a crawl cannot start, and taking the scheduling fields (``_run_at``, ``_delay``, ``_unique_key``,
-    ``_on_conflict``, ``_retries``, ``_retry_delay``), none of which reaches the spider.
+    ``_on_conflict``, ``_retries``, ``_retry_delay``, ``_max_runtime``, ``_stall_timeout``, ...), none of which
+    reaches the spider.
 
     Scrapyd's own accepts a 1 MB argument, a NUL byte or a duplicate job id, and the job then fails when it is
     started, or the request ends in an exception's class name. The answer is the job's id: for a unique key held by

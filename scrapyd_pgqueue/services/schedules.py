@@ -45,7 +45,10 @@ class AddPeriodic(ScheduleResource):
     @param("priority", required=False, default=0, type=float)
     @param("overlap", required=False, default="skip")
     @param("setting", required=False, default=list, multiple=True)
-    def render_POST(self, txrequest, name, project, spider, cron, every, timezone, priority, overlap, setting):
+    @param("_max_runtime", dest="max_runtime", required=False)
+    @param("_stall_timeout", dest="stall_timeout", required=False)
+    def render_POST(self, txrequest, name, project, spider, cron, every, timezone, priority, overlap, setting,
+                    max_runtime, stall_timeout):
         self.check_project(project)
         if spider not in spider_list.get(project, None, runner=self.root.runner):
             raise refuse(f"spider '{spider}' not found")
@@ -53,7 +56,8 @@ class AddPeriodic(ScheduleResource):
             args = _spider_arguments(txrequest.args)  # what the decorators left: schedule.json's spider arguments
             settings = dict(_setting(value) for value in setting)
             job = periodic_job(name, project, spider, cron=cron, every=every, timezone=timezone, priority=priority,
-                               args=args, settings=settings, overlap=overlap)
+                               args=args, settings=settings, overlap=overlap, max_runtime=max_runtime,
+                               stall_timeout=stall_timeout)
             due = self.schedules.add_periodic(job)
         except (RefusedJob, InvalidScheduleError, DuplicateScheduleError) as e:
             raise refuse(str(e)) from e

@@ -64,6 +64,7 @@ from scrapyd_pgqueue.store.all_jobs import (
     signal_number,
 )
 from scrapyd_pgqueue.store.eggs import EggStore
+from scrapyd_pgqueue.store.finishing import WatchdogLimits
 from scrapyd_pgqueue.store.maintenance import QueueMaintenance
 from scrapyd_pgqueue.store.nodes import NODE_TICK_QUERY, NodeTick, ReleasedJob
 from scrapyd_pgqueue.store.operator import NodeRow
@@ -118,6 +119,7 @@ __all__ = [
     "ScheduleNotFoundError",
     # rows
     "ClaimedJob",
+    "WatchdogLimits",
     "TreeView",
     "Claim",
     "Enqueued",

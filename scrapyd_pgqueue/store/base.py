@@ -62,6 +62,8 @@ class JobOptions:
     unique_scope: str = "waiting"  # or "tree": unique_key is scheduled once in the parent's tree, ever
     on_complete: str | None = None  # on a root: the spider enqueued once when the whole tree has ended
     on_complete_args: dict[str, str] | None = None
+    max_runtime: float | None = None  # seconds the crawl may run before its node stops it ("timeout")
+    stall_timeout: float | None = None  # seconds without a new request, response or item before it does ("stalled")
 
 
 NO_OPTIONS = JobOptions()

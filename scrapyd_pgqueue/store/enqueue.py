@@ -43,26 +43,31 @@ ENQUEUE_JOBS = text("""
                     CAST(:run_ats AS double precision[]), CAST(:delays AS double precision[]),
                     CAST(:unique_keys AS text[]), CAST(:retriess AS integer[]),
                     CAST(:retry_delays AS double precision[]), CAST(:periodics AS text[]),
-                    CAST(:parents AS text[]), CAST(:parent_ids AS bigint[]), CAST(:tree_ids AS bigint[]))
+                    CAST(:parents AS text[]), CAST(:parent_ids AS bigint[]), CAST(:tree_ids AS bigint[]),
+                    CAST(:max_runtimes AS double precision[]), CAST(:stall_timeouts AS double precision[]))
              WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
-                                  retry_delay, periodic, parent, parent_id, tree_id, n)
+                                  retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, n)
     ), inserted AS (
         INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
-                                     retries, retry_delay, periodic, parent, parent_id, tree_id, created_time)
+                                     retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime,
+                                     stall_timeout, created_time)
         SELECT :project, spider, job, version, priority, message,
                CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
-               unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, now()
+               unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout,
+               now()
         FROM batch
         WHERE clock_timestamp() < to_timestamp(:answer_by)
         ORDER BY n
         ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
-        DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay) = (
+        DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime,
+                       stall_timeout) = (
             SELECT EXCLUDED.spider, EXCLUDED.version, EXCLUDED.priority,
                    EXCLUDED.message || jsonb_build_object('_job', j.job), EXCLUDED.status, EXCLUDED.run_at,
-                   EXCLUDED.retries, EXCLUDED.retry_delay
+                   EXCLUDED.retries, EXCLUDED.retry_delay, EXCLUDED.max_runtime, EXCLUDED.stall_timeout
             WHERE EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
             UNION ALL
-            SELECT j.spider, j.version, j.priority, j.message, j.status, j.run_at, j.retries, j.retry_delay
+            SELECT j.spider, j.version, j.priority, j.message, j.status, j.run_at, j.retries, j.retry_delay,
+                   j.max_runtime, j.stall_timeout
             WHERE NOT EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
         )
         RETURNING j.id, j.job, j.unique_key, j.xmax <> 0 AS existing
@@ -90,7 +95,7 @@ def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[En
 # The arrays ENQUEUE_JOBS takes, one element per job.
 _ENQUEUE_COLUMNS = (
     "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
-    "periodic", "parent", "parent_id", "tree_id",
+    "periodic", "parent", "parent_id", "tree_id", "max_runtime", "stall_timeout",
 )
 
 
@@ -145,6 +150,8 @@ def _job_row(project: str, message: dict[str, Any], priority: float, options: Jo
         "retries": options.retries,
         "retry_delay": options.retry_delay,
         "periodic": options.periodic,
+        "max_runtime": options.max_runtime,
+        "stall_timeout": options.stall_timeout,
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from dataclasses import dataclass
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.pool import Engine
@@ -22,18 +23,20 @@ from scrapyd_pgqueue.store.base import (
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# How a job ends with :outcome, in SET form, shared by both finishes: a failed job with retries left (failures <
-# retries; the SET reads the row as it was) waits as 'delayed' for its exponential backoff, same row and job id, its
-# failure counted; out of retries it ends 'dead'. Any other outcome (a cancelled job among them) ends it. A retried
+# How a job ends with :outcome, in SET form, shared by both finishes: a failed job (outcome failed, or timeout or
+# stalled: stopped by its node's watchdog) with retries left (failures < retries; the SET reads the row as it was)
+# waits as 'delayed' for its exponential backoff, same row and job id, its failure counted; out of retries it ends
+# 'dead' (its reason says how the last run ended). Any other outcome (a cancelled job among them) ends it. A retried
 # job gives its unique key up when a new waiting job took it meanwhile (spider_job_waiting_unique_key). The start
 # MARK_STARTED recorded for this crawl (its pid) stays, so that a job shows one start time running and finished.
 # The crawl's final stats (:stats) replace what its node's tick wrote; a job that waits to be retried has none.
-_RETRYING = "(:outcome = 'failed' AND failures < retries)"
+_FAILED = "(:outcome IN ('failed', 'timeout', 'stalled'))"
+_RETRYING = f"({_FAILED} AND failures < retries)"
 _END_OR_RETRY = f"""
     status = CASE WHEN {_RETRYING} THEN 'delayed' ELSE 'terminated' END,
-    outcome = CASE WHEN {_RETRYING} THEN NULL WHEN :outcome = 'failed' AND retries > 0 THEN 'dead' ELSE :outcome END,
+    outcome = CASE WHEN {_RETRYING} THEN NULL WHEN {_FAILED} AND retries > 0 THEN 'dead' ELSE :outcome END,
     run_at = CASE WHEN {_RETRYING} THEN now() + make_interval(secs => retry_delay * 2 ^ failures) END,
-    failures = failures + CASE WHEN :outcome = 'failed' THEN 1 ELSE 0 END,
+    failures = failures + CASE WHEN {_FAILED} THEN 1 ELSE 0 END,
     unique_key = CASE WHEN {_RETRYING} THEN {KEY_UNLESS_TAKEN.format(row="spider_job")} ELSE unique_key END,
     exit_code = :exit_code, reason = :reason, pid = coalesce(:pid, pid),
     start_time = CASE WHEN pid = :pid THEN start_time ELSE :start_time END,
@@ -41,10 +44,12 @@ _END_OR_RETRY = f"""
     stats = CASE WHEN {_RETRYING} THEN NULL ELSE coalesce(CAST(:stats AS jsonb), stats) END
 """
 
-# Record the crawl's pid once it is spawned; only while this claim still owns the job.
+# Record the crawl's pid once it is spawned; only while this claim still owns the job. Returns the job's watchdog
+# limits (NULL: the node's), which the node learns here rather than in the claim.
 MARK_STARTED = text("""
     UPDATE spider_job SET pid = :pid, start_time = :start_time
     WHERE id = :id AND status = 'ongoing' AND worker = :worker AND attempts = :attempt
+    RETURNING max_runtime, stall_timeout
 """)
 
 # End (or retry) the claim :attempt of job :id held by :worker. Still allowed once recovery handed the job back or
@@ -111,17 +116,28 @@ COUNT_TERMINATED = text("SELECT count(*) FROM spider_job WHERE status = 'termina
 # --- operations ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class WatchdogLimits:
+    """A job's own _max_runtime and _stall_timeout (seconds; None: the node's default applies)."""
+
+    max_runtime: float | None = None
+    stall_timeout: float | None = None
+
+
 class JobEnds:
     """Starting and ending jobs over one database (part of ``JobStore``)."""
 
     engine: Engine
 
     @database_errors
-    def mark_started(self, claimed: ClaimedJob, *, worker: str, pid: int | None, start_time: datetime.datetime) -> bool:
+    def mark_started(self, claimed: ClaimedJob, *, worker: str, pid: int | None,
+                     start_time: datetime.datetime) -> WatchdogLimits | None:
+        """Record the crawl's pid; return the job's watchdog limits, or None when the claim no longer owns it."""
         params = {"id": claimed.id, "attempt": claimed.attempt, "worker": worker, "pid": pid,
                   "start_time": on_database_clock(start_time)[0]}
         with db.autocommit(self.engine) as connection:
-            return connection.execute(MARK_STARTED, params).rowcount == 1
+            row = connection.execute(MARK_STARTED, params).first()
+        return None if row is None else WatchdogLimits(row.max_runtime, row.stall_timeout)
 
     @database_errors
     def finish_job(

@@ -99,12 +99,13 @@ OUTCOME_COUNTS = text("""
     SELECT outcome, count(*) AS jobs FROM spider_job WHERE status = 'terminated' GROUP BY outcome ORDER BY outcome
 """)
 
-# The newest :limit jobs that did not end well: failed, lost (recovery gave up), interrupted or dead.
+# The newest :limit jobs that did not end well: failed, lost (recovery gave up), interrupted, dead, or stopped by
+# the watchdog (timeout, stalled).
 TROUBLED_JOBS = text("""
     SELECT id, project, spider, job, status, outcome, exit_code, reason, node, pid, attempts, priority, version,
            start_time, end_time
     FROM spider_job
-    WHERE status = 'terminated' AND outcome IN ('failed', 'lost', 'interrupted', 'dead')
+    WHERE status = 'terminated' AND outcome IN ('failed', 'lost', 'interrupted', 'dead', 'timeout', 'stalled')
     ORDER BY end_time DESC, id DESC
     LIMIT :limit
 """)

@@ -59,9 +59,9 @@ DATABASE_NOW = text("SELECT now()")
 ADD_PERIODIC = text("""
     WITH added AS (
         INSERT INTO periodic_job (name, project, spider, cron, timezone, every_seconds, priority, args, settings,
-                                  overlap, next_fire_time)
+                                  overlap, max_runtime, stall_timeout, next_fire_time)
         VALUES (:name, :project, :spider, :cron, :timezone, :every_seconds, :priority, CAST(:args AS jsonb),
-                CAST(:settings AS jsonb), :overlap, :next_fire_time)
+                CAST(:settings AS jsonb), :overlap, :max_runtime, :stall_timeout, :next_fire_time)
         RETURNING name
     )
     SELECT name, pg_notify(:channel, name) FROM added
@@ -71,6 +71,7 @@ ADD_PERIODIC = text("""
 LIST_PERIODIC = text("""
     SELECT p.name, p.project, p.spider, p.cron, p.timezone, p.every_seconds, p.priority, p.args, p.settings,
            p.overlap, p.paused, p.next_fire_time, p.last_fire_time, p.last_job, p.fired, p.skipped, p.created_time,
+           p.max_runtime, p.stall_timeout,
            (SELECT j.status FROM spider_job AS j WHERE j.id = p.last_job_id) AS last_status
     FROM periodic_job AS p
     WHERE CAST(:project AS text) IS NULL OR p.project = :project
@@ -110,7 +111,7 @@ NEXT_FIRE_IN = text("""
 # last firing's job still waits or runs (overlap = skip holds the next firing).
 LOCK_DUE_PERIODIC = text("""
     SELECT p.name, p.project, p.spider, p.cron, p.timezone, p.every_seconds, p.priority, p.args, p.settings,
-           p.overlap, p.next_fire_time, now() AS now,
+           p.overlap, p.max_runtime, p.stall_timeout, p.next_fire_time, now() AS now,
            EXISTS (SELECT 1 FROM spider_job AS j
                    WHERE j.id = p.last_job_id AND j.status IN ('delayed', 'pending', 'ongoing')) AS busy
     FROM periodic_job AS p
@@ -173,6 +174,8 @@ class PeriodicJob:
     args: dict[str, str] | None = None
     settings: dict[str, str] | None = None
     overlap: str = "skip"
+    max_runtime: float | None = None  # each fired job's _max_runtime and _stall_timeout
+    stall_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ class PeriodicJobRow:
     fired: int
     skipped: int
     created_time: datetime.datetime
+    max_runtime: float | None = None
+    stall_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -306,7 +311,8 @@ class ScheduleStore(StorePerEngine):
             cas["next_fire_time"] = first_due_after(Timing(row.cron, row.timezone, row.every_seconds), row.now,
                                                     row.next_fire_time)
             message = {**row.args, "name": row.spider, "_job": uuid.uuid1().hex, "settings": row.settings}
-            rows = enqueue.job_rows(row.project, [(message, row.priority, JobOptions(periodic=row.name))], False)
+            options = JobOptions(periodic=row.name, max_runtime=row.max_runtime, stall_timeout=row.stall_timeout)
+            rows = enqueue.job_rows(row.project, [(message, row.priority, options)], False)
         except (ValueError, TypeError, KeyError) as e:  # stored by hand, or the time zone database changed
             firing.broken.append((row.name, str(e)))
             retry = row.now + datetime.timedelta(seconds=BROKEN_RETRY_SECONDS)
@@ -367,7 +373,8 @@ def _periodic_params(job: PeriodicJob) -> dict[str, Any]:
         "name": _name("name", job.name), "project": _name("project", job.project),
         "spider": _name("spider", job.spider), "cron": job.timing.cron, "timezone": job.timing.timezone,
         "every_seconds": job.timing.every_seconds, "priority": float(priority), "args": encoded[0],
-        "settings": encoded[1], "overlap": job.overlap, "channel": PERIODIC_CHANNEL,
+        "settings": encoded[1], "overlap": job.overlap, "max_runtime": job.max_runtime,
+        "stall_timeout": job.stall_timeout, "channel": PERIODIC_CHANNEL,
     }
 
 

@@ -129,7 +129,8 @@ TREE_FAILURES = text("""
     SELECT id, project, spider, job, status, outcome, exit_code, reason, node, pid, attempts, priority, version,
            start_time, end_time
     FROM spider_job
-    WHERE (tree_id = :tree_id OR id = :tree_id) AND outcome IN ('failed', 'lost', 'interrupted', 'dead')
+    WHERE (tree_id = :tree_id OR id = :tree_id)
+      AND outcome IN ('failed', 'lost', 'interrupted', 'dead', 'timeout', 'stalled')
     ORDER BY end_time DESC, id DESC
     LIMIT :limit
 """)

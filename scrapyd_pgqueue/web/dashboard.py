@@ -21,10 +21,11 @@ REFRESH_SECONDS = 10
 DEFAULT_HOURS, MAX_HOURS = 3, 48
 FAILURES_SHOWN = 20
 # Columns of the depth table, in this order, each shown when some spider has such jobs (running always).
-DEPTH_STATES = ("pending", "delayed", "running", "finished", "failed", "cancelled", "lost", "interrupted", "dead")
+DEPTH_STATES = ("pending", "delayed", "running", "finished", "failed", "cancelled", "lost", "interrupted", "dead",
+                "timeout", "stalled")
 ALWAYS_SHOWN = ("pending", "running")
 # Outcomes charted as failures: the job did not end well.
-FAILED_OUTCOMES = ("failed", "lost", "interrupted", "dead")
+FAILED_OUTCOMES = ("failed", "lost", "interrupted", "dead", "timeout", "stalled")
 
 STYLE = """
     .summary span { display: inline-block; margin-right: 1.5rem; }
