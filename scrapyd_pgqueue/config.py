@@ -77,6 +77,12 @@ class Settings:
     # Warm processes a node keeps (least recently used retired first), and seconds an unused one lives on.
     warm_processes: int = 4
     warm_idle_timeout: float = 300.0
+    # Webhooks (node/webhooks.py): hours an event is retried before it is given up; seconds one attempt may take; the
+    # first retry's delay in seconds (doubled each attempt, with jitter), and the longest delay.
+    webhook_retry_hours: float = 24.0
+    webhook_timeout: float = 10.0
+    webhook_backoff: float = 10.0
+    webhook_backoff_max: float = 3600.0
 
     @property
     def stop_deadline(self) -> float:
@@ -149,6 +155,10 @@ def settings(config=None) -> Settings:
         warm_start=str(_get(config, "warm_start", "on")).lower() in ("on", "true", "yes", "1"),
         warm_processes=number("warm_processes", 4, int),
         warm_idle_timeout=number("warm_idle_timeout", 300.0),
+        webhook_retry_hours=number("webhook_retry_hours", 24.0),
+        webhook_timeout=number("webhook_timeout", 10.0),
+        webhook_backoff=number("webhook_backoff", 10.0),
+        webhook_backoff_max=number("webhook_backoff_max", 3600.0),
     )
     for option in ("dead_to_keep", "tree_max_jobs"):
         if (getattr(result, option) or 0) < 0:
@@ -158,6 +168,9 @@ def settings(config=None) -> Settings:
     for option in ("max_request_bytes", "max_egg_bytes"):
         if getattr(result, option) < 1:
             raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
+    for option in ("webhook_timeout", "webhook_backoff", "webhook_backoff_max"):
+        if getattr(result, option) <= 0:
+            raise ConfigurationError(f"'{option}' must be more than 0 seconds")
     if result.warm_processes < 1:
         raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:
