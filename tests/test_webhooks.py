@@ -19,7 +19,6 @@ import urllib.request
 
 import pytest
 
-from scrapyd_pgqueue.cli import entry as cli
 from scrapyd_pgqueue.node.webhooks import event_body, retry_delay, slack_text
 from scrapyd_pgqueue.store import ScheduleStore
 from scrapyd_pgqueue.store.webhooks import WebhookStore
@@ -135,12 +134,12 @@ def test_a_late_record_after_another_node_took_the_event_over_is_dropped(databas
 
 
 def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(database, start_cluster, secret_file):
-    url, admin_url = database
+    url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
     with_receiver = WebhookReceiver()
     slack = WebhookReceiver()
     try:
-        add_hook(admin_url, with_receiver.url, "failed", "--secret-file", secret_file)
-        add_hook(admin_url, slack.url, "failed", "--format", "slack", "--project", "example", "--secret-file",
+        add_hook(url, with_receiver.url, "failed", "--secret-file", secret_file)
+        add_hook(url, slack.url, "failed", "--format", "slack", "--project", "example", "--secret-file",
                  secret_file)
         cluster = start_cluster(url, 2, max_proc="4", **FAST_HOOKS)
         started = time.monotonic()
@@ -150,7 +149,7 @@ def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(databa
         wait_for(lambda: len(with_receiver.received) >= FAILED_JOBS and len(slack.received) >= FAILED_JOBS,
                  60 + FAILED_JOBS, "every failed job's deliveries")
         print(f"{FAILED_JOBS} failed crawls delivered to two hooks in {time.monotonic() - started:.1f}s")
-        wait_for(lambda: query(admin_url, "SELECT count(*) FROM webhook_event") == [(0,)], 30, "an empty outbox")
+        wait_for(lambda: query(url, "SELECT count(*) FROM webhook_event") == [(0,)], 30, "an empty outbox")
         bodies = with_receiver.bodies()
         assert len(bodies) == FAILED_JOBS  # exactly once each with no outage
         assert {body["job"] for body in bodies} == jobs and len({body["id"] for body in bodies}) == FAILED_JOBS
@@ -161,10 +160,10 @@ def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(databa
         for headers, raw in slack.received:
             assert list(json.loads(raw)) == ["text"] and valid_signature(headers, raw)
             assert "ended failed" in json.loads(raw)["text"]
-        listed = run_json(admin_url, "webhook", "list")["webhooks"]
+        listed = run_json(url, "webhook", "list")["webhooks"]
         assert [(hook["deliveries"], hook["failures"], hook["waiting"]) for hook in listed] == [
             (FAILED_JOBS, 0, 0)] * 2
-        assert "secret" not in json.dumps(listed) and SECRET not in run(admin_url, "webhook", "list").stdout
+        assert "secret" not in json.dumps(listed) and SECRET not in run(url, "webhook", "list").stdout
         metrics = "".join(urllib.request.urlopen(f"{node.url}metrics", timeout=30).read().decode()
                           for node in cluster.nodes)
         delivered = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
@@ -176,20 +175,20 @@ def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(databa
 
 
 def test_a_receiver_down_gets_every_event_once_it_is_up(database, start_cluster):
-    url, admin_url = database
+    url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
     receiver = WebhookReceiver()
     try:
-        add_hook(admin_url, receiver.url, "ended")
+        add_hook(url, receiver.url, "ended")
         receiver.stop()  # down: connections refused
         cluster = start_cluster(url, 2, max_proc="4", **FAST_HOOKS)
         down_at = time.monotonic()
         jobs = {f"job-{i}" for i in range(10)}
         for i, job in enumerate(sorted(jobs)):
             schedule(cluster.nodes[i % 2], job, **({"fail": "1"} if i % 2 else {}))
-        [hook] = wait_for(lambda: [h for h in run_json(admin_url, "webhook", "list")["webhooks"] if h["last_error"]],
+        [hook] = wait_for(lambda: [h for h in run_json(url, "webhook", "list")["webhooks"] if h["last_error"]],
                           60, "the failed attempts' last error")
         assert "Connection refused" in hook["last_error"] and hook["deliveries"] == 0
-        listing = run(admin_url, "webhook", "list").stdout
+        listing = run(url, "webhook", "list").stdout
         assert "Connection refused" in listing
         time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down_at)))  # the outage itself, not a race
         assert not receiver.received
@@ -204,37 +203,37 @@ def test_a_receiver_down_gets_every_event_once_it_is_up(database, start_cluster)
 
 
 def test_a_node_killed_during_a_delivery_loses_no_event(database, start_cluster):
-    url, admin_url = database
+    url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
     receiver = WebhookReceiver()
     receiver.hold.set()  # the first delivery is taken in and never answered
     try:
-        add_hook(admin_url, receiver.url, "ended")
+        add_hook(url, receiver.url, "ended")
         cluster = start_cluster(url, 2, max_proc="2", **FAST_HOOKS)
         schedule(cluster.nodes[0], "held-job")
         wait_for(lambda: receiver.held, 60, "the delivery to be in progress")
-        [(worker,)] = query(admin_url, "SELECT claimed_by FROM webhook_event")
-        [(name,)] = query(admin_url, "SELECT name FROM scrapyd_node WHERE id = %s", (worker,))
+        [(worker,)] = query(url, "SELECT claimed_by FROM webhook_event")
+        [(name,)] = query(url, "SELECT name FROM scrapyd_node WHERE id = %s", (worker,))
         sender = next(node for node in cluster.nodes if node.name == name)
         sender.kill()
         killed_at = time.monotonic()
         [body] = wait_for(receiver.bodies, 60, "the event delivered by the other node")
         print(f"delivered by the survivor {time.monotonic() - killed_at:.1f}s after the kill")
         assert body["job"] == "held-job" and body["id"] == json.loads(receiver.held[0][1])["id"]
-        wait_for(lambda: query(admin_url, "SELECT count(*) FROM webhook_event") == [(0,)], 30, "an empty outbox")
+        wait_for(lambda: query(url, "SELECT count(*) FROM webhook_event") == [(0,)], 30, "an empty outbox")
     finally:
         receiver.release.set()
         receiver.stop()
 
 
 def test_a_tree_done_and_a_skipped_periodic_firing_arrive(database, start_cluster):
-    url, admin_url = database
+    url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
     receiver = WebhookReceiver()
     try:
-        add_hook(admin_url, receiver.url, "tree_done,periodic_skipped")
+        add_hook(url, receiver.url, "tree_done,periodic_skipped")
         cluster = start_cluster(url, 2, max_proc="2", **FAST_HOOKS)
         schedule(cluster.nodes[0], "root-job", seconds="0", _on_complete="sleeper")
-        assert cli.main(["periodic", "add", "slow", "--project", "example", "--spider", "sleeper", "--every", "1",
-                         "-a", "seconds=6", "--database-url", admin_url]) == 0
+        run(url, "periodic", "add", "slow", "--project", "example", "--spider", "sleeper", "--every", "1", "-a",
+            "seconds=6")
 
         def arrived(event):
             return [body for body in receiver.bodies() if body["event"] == event]
