@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from scrapyd_pgqueue.node.webhooks import event_body, retry_delay, slack_text
-from scrapyd_pgqueue.store import AllJobsStore, ScheduleStore
+from scrapyd_pgqueue.store import AllJobsStore, JobOptions, ScheduleStore
 from scrapyd_pgqueue.store.webhooks import WebhookStore
 from helpers import WebhookReceiver, query, schedule, wait_for
 from test_cli_queue import finish, run, run_json
@@ -99,6 +99,29 @@ def test_events_are_written_only_for_the_hooks_that_want_them(store, database_ur
     assert sorted(events) == sorted([(failed_only, "failed", "bad"), (any_end, "ended", "bad"),
                                      (any_end, "ended", "good"), (any_end, "ended", "never-run")])
     assert other_project not in {hook for hook, _, _ in events}
+
+
+def test_recovery_of_a_dead_node_and_retries_used_up_write_lost_and_dead_events(store, database_url):
+    hooks = WebhookStore.for_url(database_url)
+    hook = hooks.add_webhook("http://x/1", ["lost", "dead"], None, "json", None)
+    for worker in ("w-dead", "w-live"):
+        store.register_node(worker=worker, name=worker, url=None, max_proc=4)
+    store.enqueue("p", {"name": "s", "_job": "orphan"})
+    store.claim_next_jobs(None, 1, node="w-dead", worker="w-dead")
+    query(database_url, "UPDATE scrapyd_node SET heartbeat_time = now() - interval '1 hour' WHERE id = 'w-dead'")
+    tick = store.node_tick(worker="w-live", lease_seconds=30, max_attempts=1, recover=True, release=False,
+                           known_ids=[], claimed_before=datetime.datetime.now(), prompt_seconds=60)
+    assert [job.job for job in tick.recovered] == ["orphan"] and tick.webhooks_due_in is None  # read before it
+    store.enqueue("p", {"name": "s", "_job": "flaky"}, options=JobOptions(retries=1))
+    for _ in range(2):
+        query(database_url, "UPDATE spider_job SET run_at = now() WHERE job = 'flaky'")
+        [claimed] = store.claim_next_jobs(None, 1, node="w-live", worker="w-live").jobs
+        finish(store, claimed, outcome="failed", worker="w-live")
+    events = query(database_url, "SELECT webhook_id, event, fields->>'job', fields->>'outcome' FROM webhook_event")
+    assert sorted(events) == [(hook, "dead", "flaky", "dead"), (hook, "lost", "orphan", "lost")]
+    tick = store.node_tick(worker="w-live", lease_seconds=30, max_attempts=1, recover=False, release=False,
+                           known_ids=[], claimed_before=datetime.datetime.now(), prompt_seconds=60)
+    assert tick.webhooks_due_in is not None and tick.webhooks_due_in <= 0  # the tick tells the node
 
 
 def test_a_periodic_skip_writes_its_event_in_the_same_transaction(database_url, store):
