@@ -21,7 +21,7 @@ import pytest
 
 from scrapyd_pgqueue.node.webhooks import event_body, retry_delay, slack_text
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, ScheduleStore
-from scrapyd_pgqueue.store.webhooks import WebhookStore
+from scrapyd_pgqueue.store.webhooks import Attempt, WebhookStore
 from helpers import WebhookReceiver, query, schedule, wait_for
 from test_cli_queue import finish, run, run_json
 
@@ -62,9 +62,10 @@ def test_the_backoff_doubles_up_to_its_cap_with_half_of_it_random():
 
 def test_a_job_event_body_has_every_key_and_the_log_url_listjobs_gives():
     fields = {"project": "p", "spider": "s", "job": "j1", "node": "n1", "outcome": "failed", "reason": "exit code 1",
-              "exit_code": 1, "start_time": "2026-11-27T10:00:00+00:00", "end_time": "2026-11-27T10:00:02+00:00",
+              "exit_code": 1, "start_time": "2026-11-27T11:00:00+01:00", "end_time": "2026-11-27T10:00:02+00:00",
               "stats": None}
     body = event_body(7, "failed", fields, "http://n2:6800/")
+    assert (body["start_time"], body["end_time"]) == ("2026-11-27T10:00:00+00:00", "2026-11-27T10:00:02+00:00")
     assert {key: body[key] for key in ("id", "event", "project", "spider", "job", "node", "outcome", "finish_reason",
                                        "stats", "log_url")} == {
         "id": 7, "event": "failed", "project": "p", "spider": "s", "job": "j1", "node": "n1", "outcome": "failed",
@@ -147,8 +148,6 @@ def test_a_late_record_after_another_node_took_the_event_over_is_dropped(databas
     assert "secret" not in repr(first) and first.secret == "s"
     [second] = hooks.claim_due_events(worker="b", limit=8, lease_seconds=60)  # a's lease expired
     assert hooks.claim_due_events(worker="c", limit=8, lease_seconds=60) == []  # b holds it: nobody else
-    from scrapyd_pgqueue.store.webhooks import Attempt
-
     hooks.record_attempts([Attempt(first, "HTTP 500", 1.0)], worker="a", retry_seconds=3600)  # too late: dropped
     hooks.record_attempts([Attempt(second)], worker="b", retry_seconds=3600)
     [row] = hooks.list_webhooks()
@@ -278,6 +277,10 @@ def test_bad_webhook_input_gets_a_clear_error(database_url, tmp_path):
     assert "unknown event 'exploded'" in run(database_url, "webhook", "add", "http://x/", "--on", "failed,exploded",
                                              expect=2).stderr
     assert "no webhook 42" in run(database_url, "webhook", "remove", "42", expect=1).stderr
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    assert "secret file is empty" in run(database_url, "webhook", "add", "http://x/", "--on", "failed",
+                                         "--secret-file", str(empty), expect=1).stderr
     hook = run_json(database_url, "webhook", "add", "https://x/", "--on", "dead,timeout,stalled,lost")["id"]
     assert run_json(database_url, "webhook", "list")["webhooks"][0]["events"] == ["dead", "timeout", "stalled", "lost"]
     run(database_url, "webhook", "remove", str(hook))

@@ -63,7 +63,9 @@ def _store(args):
 
 
 def run_add(args) -> int:
-    webhook_id = _store(args).add_webhook(args.url, args.events, args.project, args.format, args.secret or None)
+    if args.secret == "":
+        return fail("the secret file is empty (its first line is the secret)")
+    webhook_id = _store(args).add_webhook(args.url, args.events, args.project, args.format, args.secret)
     if args.json:
         print_json({"id": webhook_id})
     else:

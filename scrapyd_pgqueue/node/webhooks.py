@@ -12,6 +12,7 @@ lease; receivers dedupe by the body's ``id``.
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import hashlib
 import hmac
 import json
@@ -56,6 +57,13 @@ def stats_summary(stats: dict[str, Any] | None) -> dict[str, Any]:
             "errors": errors, "finish_reason": first("finish_reason")}
 
 
+def _utc(value: Any) -> Any:
+    """A time from the event's row (ISO 8601 in the database session's zone) in UTC, as the body gives times."""
+    if not isinstance(value, str):
+        return value
+    return datetime.datetime.fromisoformat(value).astimezone(datetime.timezone.utc).isoformat()
+
+
 def event_body(event_id: int, event: str, fields: dict[str, Any], node_url: str | None = None) -> dict[str, Any]:
     """The JSON body of one event, from what its cause's row gave (``fields``, store/webhooks.py): ``id`` for
     dedupe, then the job's keys (None where the event has none), then the event's own (a tree's, a periodic job's).
@@ -71,6 +79,9 @@ def event_body(event_id: int, event: str, fields: dict[str, Any], node_url: str 
                     log_url=f"/logs/{fields['project']}/{fields['spider']}/{fields['job']}.log")  # as listjobs.json
     else:
         body.update(fields)
+    for key in ("start_time", "end_time", "due_time"):
+        if key in body:
+            body[key] = _utc(body[key])
     return body
 
 
@@ -166,6 +177,7 @@ class WebhookSender(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()
+        self.senders.shutdown(wait=False, cancel_futures=True)
 
     def run(self) -> None:
         while True:

@@ -189,9 +189,10 @@ class WebhookStore(StorePerEngine):
     """The hooks (the operator's) and the delivery of their events (every node's)."""
 
     @database_errors
-    def add_webhook(self, url: str, events: list[str], project: str | None, format: str, secret: str | None) -> int:
+    def add_webhook(self, url: str, events: list[str], project: str | None, body_format: str,
+                    secret: str | None) -> int:
         with db.autocommit(self.engine) as connection:
-            params = {"url": url, "events": events, "project": project, "format": format, "secret": secret}
+            params = {"url": url, "events": events, "project": project, "format": body_format, "secret": secret}
             return connection.execute(ADD_WEBHOOK, params).scalar_one()
 
     @database_errors
