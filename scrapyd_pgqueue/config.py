@@ -86,6 +86,12 @@ class Settings:
     cancel_timeout: float = 300.0
     # A crawl whose spider has not opened this long after its start is killed and its job handed back; None: off.
     start_timeout: float | None = 120.0
+    # Webhooks (node/webhooks.py): hours an event is retried before it is given up; seconds one attempt may take; the
+    # first retry's delay in seconds (doubled each attempt, with jitter), and the longest delay.
+    webhook_retry_hours: float = 24.0
+    webhook_timeout: float = 10.0
+    webhook_backoff: float = 10.0
+    webhook_backoff_max: float = 3600.0
 
     @property
     def stop_deadline(self) -> float:
@@ -175,6 +181,10 @@ def settings(config=None) -> Settings:
         stall_timeout=number("stall_timeout", 0.0) or None,
         cancel_timeout=number("cancel_timeout", 300.0),
         start_timeout=number("start_timeout", 120.0) or None,
+        webhook_retry_hours=number("webhook_retry_hours", 24.0),
+        webhook_timeout=number("webhook_timeout", 10.0),
+        webhook_backoff=number("webhook_backoff", 10.0),
+        webhook_backoff_max=number("webhook_backoff_max", 3600.0),
     )
     for option in ("dead_to_keep", "tree_max_jobs"):
         if (getattr(result, option) or 0) < 0:
@@ -191,6 +201,9 @@ def settings(config=None) -> Settings:
             raise ConfigurationError(f"'{option}' may not be negative (seconds; 0 turns it off)")
     if result.cancel_timeout <= 0:
         raise ConfigurationError("'cancel_timeout' must be more than 0 seconds")
+    for option in ("webhook_timeout", "webhook_backoff", "webhook_backoff_max"):
+        if getattr(result, option) <= 0:
+            raise ConfigurationError(f"'{option}' must be more than 0 seconds")
     if result.warm_processes < 1:
         raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:

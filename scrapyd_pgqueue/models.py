@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Identity,
     DateTime,
     ForeignKey,
     Index,
@@ -20,7 +21,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from scrapyd_pgqueue.statuses import (  # noqa: F401 - the models' names for them
@@ -258,3 +259,46 @@ class SpiderTreeKey(Base):
     )
     unique_key: Mapped[str] = mapped_column(Text, primary_key=True)
     job: Mapped[str] = mapped_column(Text)
+
+
+class Webhook(Base):
+    """An operator's webhook: where to post which events (migration 0012). The secret signs the body; the node role
+    reads it, nothing shows it."""
+
+    __tablename__ = "webhook"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    project: Mapped[str | None] = mapped_column(Text)  # None: every project's
+    format: Mapped[str] = mapped_column(Text, server_default=text("'json'"))  # json | slack
+    secret: Mapped[str | None] = mapped_column(Text)
+    deliveries: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))  # events delivered
+    failures: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))  # events given up
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+
+    __table_args__ = (
+        CheckConstraint("format IN ('json', 'slack')", name="webhook_format_check"),
+        CheckConstraint("cardinality(events) > 0", name="webhook_events_check"),
+    )
+
+
+class WebhookEvent(Base):
+    """The outbox: an event for one hook, written with what caused it, until delivered or given up (migration
+    0012)."""
+
+    __tablename__ = "webhook_event"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("webhook.id", ondelete="CASCADE"), index=True)
+    event: Mapped[str] = mapped_column(Text)
+    fields: Mapped[dict[str, Any]] = mapped_column(JSONB)  # what the cause's row gave, for the body
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+    # When it may be sent next: a claim moves it a lease ahead (a node killed mid-delivery loses nothing).
+    due_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"),
+                                                        index=True)
+    attempts: Mapped[int] = mapped_column(server_default=text("0"))
+    claimed_by: Mapped[str | None] = mapped_column(Text)  # the worker that holds its lease
+    last_error: Mapped[str | None] = mapped_column(Text)

@@ -327,3 +327,66 @@ def crawl_api_server(url, project, job, row_id, directory, tree_max_jobs=100_000
     finally:
         process.kill()
         process.wait()
+# --- a webhook receiver -------------------------------------------------------------------------------------------
+
+
+class WebhookReceiver:
+    """A real HTTP receiver on loopback (threads of this process) that records each POST it answers: ``received``
+    holds (headers, raw body). ``stop()`` then ``start()`` takes it down and up on the same port (connections are
+    refused meanwhile). With ``hold`` set, the next request is taken in (``held``) and left unanswered until
+    ``release`` is set: a delivery in progress."""
+
+    def __init__(self, status: int = 200):
+        import http.server
+        import threading
+
+        self.status = status
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        self.held: list[tuple[dict[str, str], bytes]] = []
+        self.hold, self.release = threading.Event(), threading.Event()
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                headers = {name.lower(): value for name, value in self.headers.items()}
+                with receiver.lock:
+                    holding = receiver.hold.is_set()
+                    receiver.hold.clear()
+                    (receiver.held if holding else receiver.received).append((headers, body))
+                if holding:
+                    receiver.release.wait(300)
+                    return  # never answered: the sender died meanwhile
+                self.send_response(receiver.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.handler = Handler
+        self.port = 0
+        self.server = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def start(self) -> None:
+        import http.server
+        import threading
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def bodies(self) -> list[dict]:
+        with self.lock:
+            return [json.loads(body) for _, body in self.received]

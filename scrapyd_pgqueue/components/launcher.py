@@ -9,8 +9,8 @@ Leases (``node/leases.py``): a thread renews this process's lease on its jobs ev
 other processes whose lease expired, only once this node's own heartbeats have been prompt without a break for a
 whole lease; with ``on_lease_lost = stop`` another stops this node's crawls before its lease can expire. That
 thread's tick (one statement a heartbeat) also hands back claims this node has no crawl for (a claim whose reply
-was lost with its connection) and reads the cancel requests, egg catalogue and next periodic due time, which
-``learn`` acts on; the reactor's upkeep hands back the jobs of crawls stopped for a lost lease.
+was lost with its connection) and reads the cancel requests, egg catalogue and next periodic and webhook due times,
+which ``learn`` acts on (webhook events are sent by ``node/webhooks.py``'s thread); the reactor's upkeep hands back the jobs of crawls stopped for a lost lease.
 
 The watchdog (``node/watchdog.py``) stops crawls past their job's limits (outcome 'timeout' or 'stalled'), kills
 those that ignore a stop, and hands back the jobs of crawls that never reach their spider.
@@ -48,6 +48,7 @@ from scrapyd_pgqueue.node.events import ClusterEvents
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.node.watchdog import Watchdog
+from scrapyd_pgqueue.node.webhooks import WebhookSender
 from scrapyd_pgqueue.store import JobStore, WatchdogLimits
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
@@ -137,6 +138,7 @@ class PostgresLauncher(Launcher):
         # once the database answers
         self.events = ClusterEvents(self)  # cancel requests and egg changes from other nodes
         self.watchdog = Watchdog(self)
+        self.webhooks = WebhookSender(self.settings, self.url)  # woken by learn when the tick says events are due
         self.stopping = False
         self.unstarted: list = []  # claims that arrived while stopping: handed back with the rest
         self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
@@ -168,12 +170,14 @@ class PostgresLauncher(Launcher):
             self.lease_watch.start()
         self.events.start()
         self.watchdog.start()
+        self.webhooks.start()
         self.upkeep.startService()
         super().startService()
 
     def stopService(self):
         """Graceful stop (see the module's docstring); twistd waits for the returned Deferred."""
         self.stopping = True
+        self.webhooks.stop()  # an event it was sending is sent again by another node after its lease
         stop_claiming = getattr(self.poller, "stop", None)
         if stop_claiming is not None:
             stop_claiming()
@@ -264,6 +268,7 @@ class PostgresLauncher(Launcher):
         periodic = getattr(self.poller, "periodic", None)
         if periodic is not None:
             periodic.due_in(tick.periodic_due_in)
+        self.webhooks.due_in(tick.webhooks_due_in)
 
     def _hand_back_lease_lost_claims(self):
         """The jobs whose crawls lease_watch stopped go back to the queue (unless another node took them over)."""

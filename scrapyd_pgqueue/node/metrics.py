@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 
 _NAMES = ("REGISTRY", "CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS",
-          "ITEMS_SCRAPED", "CRAWL_ERRORS")
+          "ITEMS_SCRAPED", "CRAWL_ERRORS", "WEBHOOK_DELIVERIES")
 _building = threading.Lock()  # the reactor and the web threads may count first at the same moment
 
 
@@ -62,7 +62,13 @@ def _build() -> dict:
             "scrapyd_pgqueue_crawl_errors", "Log lines at ERROR or above of the crawls this node ran, by project and "
             "spider.", ["project", "spider"], registry=registry,
         ),
+        "WEBHOOK_DELIVERIES": Counter(
+            "scrapyd_pgqueue_webhook_deliveries", "Webhook deliveries this node attempted, by outcome (delivered; "
+            "failed: retried later; given_up: past webhook_retry_hours).", ["outcome"], registry=registry,
+        ),
     }
+    for outcome in ("delivered", "failed", "given_up"):
+        built["WEBHOOK_DELIVERIES"].labels(outcome)
     for outcome in ("finished", "failed", "cancelled", "timeout", "stalled"):
         built["CRAWLS_ENDED"].labels(outcome)  # exported at 0 from the start: rate() sees the first increase
     for operation in ("claim", "record", "start", "web"):

@@ -25,6 +25,8 @@ One module per concern:
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
 - ``schedules``: periodic jobs (the operator's, and their firing by every node) and per-spider limits (``ScheduleStore``).
 - ``timing``: when a periodic job is due (pure functions, no SQL).
+- ``webhooks``: the operator's webhooks, the outbox steps the statements that cause events carry, and the claim and
+  record of deliveries (``WebhookStore``).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ from scrapyd_pgqueue.store.schedules import (
 )
 from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 from scrapyd_pgqueue.store.trees import TreeView
+from scrapyd_pgqueue.store.webhooks import WebhookNotFoundError, WebhookStore
 
 ClusterStore = AllJobsStore  # its former name, still importable
 
@@ -149,6 +152,8 @@ __all__ = [
     "QueueMaintenance",
     "OverviewStore",
     "ScheduleStore",
+    "WebhookStore",
+    "WebhookNotFoundError",
     "notify_through_pool",
     # how times from the database are shown (Scrapyd's naive local time)
     "local_time",

@@ -24,6 +24,7 @@ from scrapyd_pgqueue.store.base import (
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
 from scrapyd_pgqueue.store.trees import TreeQueries
+from scrapyd_pgqueue.store.webhooks import job_events
 
 # Pending jobs daemonstatus.json counts exactly (a few milliseconds); beyond, it reports the planner's estimate.
 PENDING_COUNT_CAP = 10_000
@@ -186,15 +187,16 @@ CLUSTER_COUNTS = text("""
 
 # Cancel a waiting (pending or delayed) job: terminated as 'cancelled' (end at the cancel), so it never starts (nor
 # retries) and every node reports it finished. A claim that locked the row first wins; the running job is then
-# cancelled instead. Only while the caller waits for the answer (IN_TIME), as for REQUEST_CANCEL.
+# cancelled instead. Only while the caller waits for the answer (IN_TIME), as for REQUEST_CANCEL. Its webhooks'
+# events (ended) are written with it.
 CANCEL_PENDING = text(f"""
     WITH {IN_TIME}, cancelled AS (
         UPDATE spider_job
         SET status = 'terminated', outcome = 'cancelled', reason = 'cancelled before it started',
             cancel_requested = true, start_time = coalesce(start_time, now()), end_time = now()
         WHERE project = :project AND job = :job AND status IN ('delayed', 'pending') AND (SELECT ok FROM in_time)
-        RETURNING id
-    )
+        RETURNING *
+    ), {job_events("cancelled")}
     SELECT (SELECT ok FROM in_time) AS in_time, (SELECT count(*) FROM cancelled) AS done
 """)
 

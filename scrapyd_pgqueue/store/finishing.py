@@ -20,6 +20,7 @@ from scrapyd_pgqueue.store.base import (
     on_database_clock,
     read_rows,
 )
+from scrapyd_pgqueue.store.webhooks import job_events
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -54,30 +55,41 @@ MARK_STARTED = text("""
 
 # End (or retry) the claim :attempt of job :id held by :worker. Still allowed once recovery handed the job back or
 # gave it up as lost, as long as nobody claimed it since (same worker and attempt): the result of a node that came
-# back late is kept then. A newer attempt, or a job already finished, is never overwritten.
+# back late is kept then. A newer attempt, or a job already finished, is never overwritten. A job that ended writes
+# its webhooks' events in the same statement (webhooks.job_events).
 FINISH_CLAIMED = text(f"""
-    UPDATE spider_job SET {_END_OR_RETRY}
-    WHERE id = :id AND worker = :worker AND attempts = :attempt
-      AND (status IN ('ongoing', 'pending') OR outcome = 'lost')
-    RETURNING id
+    WITH finished AS (
+        UPDATE spider_job SET {_END_OR_RETRY}
+        WHERE id = :id AND worker = :worker AND attempts = :attempt
+          AND (status IN ('ongoing', 'pending') OR outcome = 'lost')
+        RETURNING *
+    ), {job_events("finished")}
+    SELECT id FROM finished
 """)
 
 # End (or retry) a job known only by project and job id, claimed by this process (IJobStorage.add from a stock
 # launcher).
 FINISH_BY_JOB_ID = text(f"""
-    UPDATE spider_job SET {_END_OR_RETRY}, node = coalesce(node, :node)
-    WHERE project = :project AND job = :job AND status = 'ongoing' AND worker = :worker
-    RETURNING id
+    WITH finished AS (
+        UPDATE spider_job SET {_END_OR_RETRY}, node = coalesce(node, :node)
+        WHERE project = :project AND job = :job AND status = 'ongoing' AND worker = :worker
+        RETURNING *
+    ), {job_events("finished")}
+    SELECT id FROM finished
 """)
 
 # Record a job that never went through the queue as terminated: a finished crawl is a fact, also when a job with
 # the same id waits or runs (terminated rows are outside spider_job_live_job_key).
-INSERT_TERMINATED = text("""
-    INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid,
-                            created_time, start_time, end_time, stats)
-    VALUES (:project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
-            coalesce(:start_time, now()), :start_time,
-            :end_time, CAST(:stats AS jsonb))
+INSERT_TERMINATED = text(f"""
+    WITH recorded AS (
+        INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid,
+                                created_time, start_time, end_time, stats)
+        VALUES (:project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
+                coalesce(:start_time, now()), :start_time,
+                :end_time, CAST(:stats AS jsonb))
+        RETURNING *
+    ), {job_events("recorded")}
+    SELECT id FROM recorded
 """)
 
 # Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,

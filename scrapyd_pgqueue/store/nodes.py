@@ -21,6 +21,7 @@ from scrapyd_pgqueue.store.base import (
     database_errors,
     on_database_clock,
 )
+from scrapyd_pgqueue.store.webhooks import WEBHOOKS_DUE_IN, job_events
 
 
 @dataclass(frozen=True)
@@ -54,14 +55,15 @@ STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worke
 
 # The end of the statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
 # row has an outcome ends now and keeps its pid for the record; the rest go back to the queue. Returns every
-# settled job, and wakes idle nodes (one NOTIFY per job sent back to pending).
+# settled job (its whole row, for its webhooks' events), and wakes idle nodes (one NOTIFY per job sent back to
+# pending).
 SETTLED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() END,
             pid = CASE WHEN {source}.outcome IS NOT NULL THEN j.pid END
         FROM {source}
         WHERE j.id = {source}.id
-        RETURNING j.id, j.project, j.job, j.status
+        RETURNING j.*
     )"""
-ENDED_FROM = SETTLED_FROM + """
+ENDED_FROM = SETTLED_FROM + ", " + job_events("{settled}") + """
     SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
     FROM {settled}"""
 
@@ -149,7 +151,8 @@ FORGOTTEN_CLAIMS = f"""
 # claims (FORGOTTEN_CLAIMS); pending ones wake idle nodes; writes its crawls' changed stats (STATS_WRITTEN). Reads
 # what the node acts on: the cancel requests for its
 # crawls (a floor under NOTIFY), the egg catalogue (EGG_CATALOGUE's figures: which projects changed) and in how
-# many seconds the next periodic job is due (NEXT_FIRE_IN). Recovery and release touch disjoint rows (other
+# many seconds the next periodic job is due (NEXT_FIRE_IN) and the next webhook event (WEBHOOKS_DUE_IN); jobs that
+# recovery ends write their webhooks' events. Recovery and release touch disjoint rows (other
 # workers' jobs, this worker's), and a false flag costs nothing: the values are in the query string, so the
 # planner drops that step. Its lock_timeout is short: a lock held on spider_job (or another table it reads) must
 # not hold up the lease, so past it the tick gives way to HEARTBEAT alone (see node_tick).
@@ -178,6 +181,7 @@ NODE_TICK_QUERY = f"""
         RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
     ), {STATS_WRITTEN}, {EXPIRED_CLAIMS.replace("FOR UPDATE", PROMPT_TICK + " FOR UPDATE")},
     recovered AS ({RECOVER_EXPIRED}{SETTLED_FROM.format(source="expired")},
+    {job_events("recovered")},
     released AS ({FORGOTTEN_CLAIMS.replace("WHERE status", "WHERE :release AND status")}),
     settled AS (
         SELECT id, project, job, status, true AS recovered FROM recovered
@@ -193,7 +197,8 @@ NODE_TICK_QUERY = f"""
             ) AS catalogue) AS eggs,
            (SELECT CAST(extract(epoch FROM min(next_fire_time) - now()) AS double precision) FROM periodic_job
             WHERE NOT paused) AS periodic_due_in,
-           (SELECT count(*) FROM stats_written) AS stats_written
+           (SELECT count(*) FROM stats_written) AS stats_written,
+           {WEBHOOKS_DUE_IN} AS webhooks_due_in
 """
 NODE_TICK = text(f"SET LOCAL lock_timeout = {TICK_LOCK_TIMEOUT_MS}; {NODE_TICK_QUERY}")
 
@@ -214,6 +219,7 @@ class NodeTick:
     eggs: dict[str, tuple[int, int]] | None  # project -> (eggs, newest egg id), as EggStore.egg_catalogue; None: unread
     periodic_due_in: float | None  # seconds until the next periodic job is due; None: no active schedule
     stats_written: int | None = 0  # running jobs whose stats it wrote; None: the tick gave way (none written)
+    webhooks_due_in: float | None = None  # seconds until the next webhook event is due; None: none (or unread)
 
 
 @dataclass(frozen=True)
@@ -293,7 +299,7 @@ class NodeLeases:
             released=[ReleasedJob(*job[:4]) for job in settled if not job[4]],
             cancels=[CancelRequest(*request) for request in row.cancels or []],
             eggs={project: tuple(figures) for project, figures in (row.eggs or {}).items()},
-            periodic_due_in=row.periodic_due_in,
+            periodic_due_in=row.periodic_due_in, webhooks_due_in=row.webhooks_due_in,
             stats_written=row.stats_written,
         )
 

@@ -27,6 +27,7 @@ from scrapyd_pgqueue.store.base import (
     encode_message,
     read_rows,
 )
+from scrapyd_pgqueue.store.webhooks import periodic_skipped_events
 from scrapyd_pgqueue.store.timing import (
     InvalidScheduleError,
     Timing,
@@ -131,10 +132,15 @@ FIRED_PERIODIC = text("""
 """)
 
 # The same compare-and-set for a due time passed over: the previous firing still waits or runs (overlap = skip),
-# or the job could not be built (broken: tried again later, not counted).
-SKIPPED_PERIODIC = text("""
-    UPDATE periodic_job SET next_fire_time = :next_fire_time, skipped = skipped + :counted
-    WHERE name = :name AND next_fire_time = :expected
+# or the job could not be built (broken: tried again later, not counted). A counted skip writes its webhooks'
+# events in the same statement.
+SKIPPED_PERIODIC = text(f"""
+    WITH skipped AS (
+        UPDATE periodic_job SET next_fire_time = :next_fire_time, skipped = skipped + :counted
+        WHERE name = :name AND next_fire_time = :expected
+        RETURNING *
+    ), {periodic_skipped_events("skipped")}
+    SELECT name FROM skipped
 """)
 
 # Set a spider's cluster-wide limit (the claim honours it at once); a raised limit frees room: wake the nodes.

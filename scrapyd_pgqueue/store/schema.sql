@@ -199,7 +199,9 @@ AS $function$
 -- WHEN clause keeps jobs outside trees at no cost (no function call). The update of the tree's row serialises the last
 -- two jobs ending at the same instant on two nodes: only the one that brings the count to zero sees zero, and it
 -- enqueues the _on_complete job in its own transaction (exactly once: completion_job is set with it; never for a
--- cancelled tree) and notifies scrapyd_pgqueue_trees with the root. The triggers: migration 0005.
+-- cancelled tree) and notifies scrapyd_pgqueue_trees with the root. That same ending writes a tree_done event for each
+-- webhook that wants one (0012), in the same transaction: an outbox row, delivered by any node (store/webhooks.py).
+-- The triggers: migration 0005.
 CREATE OR REPLACE FUNCTION spider_tree_count()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -234,10 +236,18 @@ AS $function$
                                                   'settings', '{}'::jsonb, 'tree', tree.root_job),
                         'pending', now(), now());
                 UPDATE spider_tree SET completion_job = completion WHERE root_id = tree.root_id;
+                tree.completion_job := completion;
                 PERFORM pg_notify('scrapyd_pgqueue_jobs', tree.project);
             END IF;
             PERFORM pg_notify('scrapyd_pgqueue_trees', CAST(json_build_object(
                 'project', tree.project, 'root', tree.root_job, 'root_id', tree.root_id) AS text));
+            INSERT INTO webhook_event (webhook_id, event, fields)
+            SELECT w.id, 'tree_done', jsonb_build_object(
+                       'project', tree.project, 'root', tree.root_job, 'root_id', tree.root_id, 'jobs', tree.total,
+                       'cancelled', tree.cancelled, 'completion_job', tree.completion_job,
+                       'start_time', tree.created_time, 'end_time', tree.done_time)
+            FROM webhook AS w
+            WHERE 'tree_done' = ANY(w.events) AND (w.project IS NULL OR w.project = tree.project);
         END IF;
         RETURN NULL;
     END $function$;
