@@ -279,3 +279,31 @@ def test_a_tree_at_its_cap_refuses_the_next_child_over_http_and_ends_as_usual(da
                     "the capped tree to end")
     assert (tree["total"], tree["outcomes"]) == (3, {"finished": 3})
     assert query(admin_url, "SELECT job FROM spider_job WHERE job IN ('c', 'd')") == []
+
+
+def test_a_done_tree_refuses_a_child_over_http_and_stays_done(database, start_cluster):
+    """A child scheduled (schedule.json, schedule_batch.json) into a tree that completed and ran its _on_complete is
+    refused with the reason naming the tree; nothing of it is stored, and the tree stays done."""
+    url, admin_url = database
+    (node,) = start_cluster(url, 1).nodes
+    sleeper = {"project": "example", "spider": "sleeper", "seconds": "0"}
+    assert node.post("schedule.json", **sleeper, jobid="root", _on_complete="sleeper")["status"] == "ok"
+    assert node.post("schedule.json", **sleeper, jobid="a", _parent="root")["status"] == "ok"
+
+    def completed():
+        tree = node.get("tree.json", project="example", job="root")
+        return tree["done"] and tree["completion_job"] in {job["id"] for job in node.get("listjobs.json")["finished"]} \
+            and tree
+
+    tree = wait_for(completed, 60, "the tree to end and its completion to run")
+    reason = (f"the tree of root job 'root' is done (its last job ended, its _on_complete job "
+              f"'{tree['completion_job']}' enqueued) and takes no new job: 1 refused; schedule without _parent to "
+              f"run outside the tree")
+    for parent in ("root", "a"):
+        assert node.post("schedule.json", **sleeper, jobid="late", _parent=parent) == {
+            "status": "error", "message": reason, "node_name": "node1"}
+    batch = requests.post(f"{node.url}schedule_batch.json", timeout=30, json=
+                          {"project": "example", "jobs": [{"spider": "sleeper", "jobid": "late", "parent": "a"}]})
+    assert batch.json() == {"status": "error", "message": reason, "node_name": "node1"}
+    assert query(admin_url, "SELECT job FROM spider_job WHERE job = 'late'") == []
+    assert node.get("tree.json", project="example", job="root") == tree
