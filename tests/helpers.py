@@ -17,6 +17,9 @@ import psycopg2
 from sqlalchemy import make_url
 
 SECRET = "fault-s3cret-pw"  # the nodes' database password in fault tests: no log line may show it
+# A node's configuration for claiming only at start-up (a poll an hour, no NOTIFY): jobs scheduled through it later wait
+# for another node.
+CLAIM_AT_START_ONLY = {"poll_interval": "3600", "listen_notify": "off"}
 
 
 def skewed_clock(offset: str) -> dict[str, str]:

@@ -11,17 +11,17 @@ import pytest
 import requests
 from selenium.webdriver.common.by import By
 
-from helpers import jobs, runs_of, schedule, screenshot, wait_for
+from helpers import CLAIM_AT_START_ONLY, jobs, runs_of, schedule, screenshot, wait_for
 
 STOCK = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
-# Nodes 1 and 2 claim only at start-up (a poll an hour, no NOTIFY): every job scheduled later runs on node 3.
-HOLD = {"poll_interval": "3600", "listen_notify": "off"}
 INJECTED_JOB = "<img src=x onerror=window.injected=1>"
 
 
 @pytest.fixture
 def cluster(database_url, start_cluster):
-    return start_cluster(database_url, 3, max_proc="1", node_config={"node1": HOLD, "node2": HOLD})
+    """Nodes 1 and 2 claim only at start-up: every job scheduled later runs on node 3."""
+    return start_cluster(database_url, 3, max_proc="1",
+                         node_config={"node1": CLAIM_AT_START_ONLY, "node2": CLAIM_AT_START_ONLY})
 
 
 def section_rows(browser, section: str) -> list[dict[str, str]]:
