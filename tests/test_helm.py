@@ -175,6 +175,16 @@ def test_the_node_pod_runs_as_the_image_s_user_with_its_writable_directories(hel
     assert volumes[mounts["/etc/scrapyd/conf.d"]]["configMap"]["name"] == "rel-scrapyd-pgqueue"
 
 
+def test_the_node_runs_under_the_image_s_entry_point(helm):
+    """The node's command is the image's CMD, given as args: a command would replace the image's entry point, tini,
+    and leave scrapyd PID 1, where it never reaps the orphaned processes of crawls (test_docker.py)."""
+    container = node_container(render(helm))
+    exec_forms = {line.split(None, 1)[0]: json.loads(line.split(None, 1)[1])
+                  for line in (REPOSITORY / "Dockerfile").read_text().splitlines() if line.startswith(("ENTRYPOINT", "CMD"))}
+    assert exec_forms["ENTRYPOINT"][0] == "tini"
+    assert "command" not in container and container["args"] == exec_forms["CMD"]
+
+
 def test_probes_readiness_asks_the_database_and_liveness_never_does(helm):
     container = node_container(render(helm))
     assert container["readinessProbe"]["exec"]["command"] == ["scrapyd-pgqueue", "health", "--ready"]
