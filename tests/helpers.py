@@ -30,6 +30,14 @@ def skewed_clock(offset: str) -> dict[str, str]:
     return {"LD_PRELOAD": libraries[0], "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
+def image_pinned(reference: str) -> bool:
+    """Whether an image reference (``registry:5000/name:tag@sha256:...``) names one version: a digest, or a tag other
+    than ``latest`` (untagged is latest)."""
+    name, at, _digest = reference.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    return bool(at) or (":" in last and last.split(":", 1)[1] != "latest")
+
+
 def wait_for(condition, timeout: float, what: str, interval: float = 0.1):
     """Call ``condition`` until it returns something truthy, and return that; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

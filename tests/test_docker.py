@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from scrapyd_pgqueue.local.devdb import free_port
-from helpers import wait_for
+from helpers import image_pinned, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPOSITORY / "Dockerfile"
@@ -413,6 +413,10 @@ def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     assert "container_name" not in scrapyd and "ports" not in scrapyd, "fixed names or host ports prevent --scale"
     assert "healthcheck" not in scrapyd, "the image's own health check"
     assert "init" not in scrapyd, "the image's entry point is the init (tini): Docker's would be a second"
+    # Every image pinned to a version: untagged or :latest, a pull could bring another one.
+    images = [service["image"] for service in services.values() if "image" in service]
+    assert len(images) == len(services) - 2  # all but the two built from the Dockerfile (scrapyd, migrate)
+    assert all(image_pinned(image) for image in images), images
     # Statements through PgBouncer in transaction mode, the one listener straight to Postgres.
     pgbouncer = services["pgbouncer"]
     assert pgbouncer["environment"]["POOL_MODE"] == "transaction"
