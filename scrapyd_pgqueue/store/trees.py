@@ -186,7 +186,8 @@ def _starts_tree(row: dict[str, Any]) -> bool:
 def place_in_trees(connection, project: str, rows: list[dict[str, Any]], max_jobs: int = 0) -> dict[int, Enqueued]:
     """Give each row with a parent its parent's row and tree (opening the tree on a root's first child), and take
     its tree-scoped key. Rows whose key the tree already had are not to be inserted: returned by index with the
-    job that has the key. InvalidJobError when the new jobs would take a tree past ``max_jobs`` (0: no cap)."""
+    job that has the key. InvalidJobError when a new job's tree is done, or when the new jobs would take a tree past
+    ``max_jobs`` (0: no cap)."""
     parents = sorted({row["parent"] for row in rows if row["parent"] is not None})
     if not parents:
         return {}
