@@ -200,7 +200,7 @@ def test_a_done_tree_refuses_new_children_and_stays_done(database_url):
     finish(store, child)
     done = cluster.tree("p", "r")
     assert done.done and done.completion_job
-    with pytest.raises(InvalidJobError, match=DONE + ": 1 refused; schedule without _parent"):
+    with pytest.raises(InvalidJobError, match=DONE + ": 1 refused; schedule without a parent"):
         store.enqueue("p", {"name": "page", "_job": "late"}, options=JobOptions(parent="r"))
     with pytest.raises(InvalidJobError, match=DONE + ": 2 refused"):  # from any job of the tree, all or none
         store.enqueue_many("p", children("r-a-0", "b", "c"))

@@ -299,8 +299,8 @@ def test_a_done_tree_refuses_a_child_over_http_and_stays_done(database, start_cl
 
     tree = wait_for(completed, 60, "the tree to end and its completion to run")
     reason = (f"the tree of root job 'root' is done (its last job ended, its _on_complete job "
-              f"'{tree['completion_job']}' enqueued) and takes no new job: 1 refused; schedule without _parent to "
-              f"run outside the tree")
+              f"'{tree['completion_job']}' enqueued) and takes no new job: 1 refused; schedule without a parent to "
+              f"run outside any tree")
     assert node.post("schedule.json", **sleeper, jobid="late", _parent="root") == {
         "status": "error", "message": reason, "node_name": "node1"}
     batch = requests.post(f"{node.url}schedule_batch.json", timeout=30, json=

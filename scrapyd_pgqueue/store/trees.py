@@ -221,7 +221,7 @@ def _refuse_done_or_full(connection, new_rows: list[dict[str, Any]], max_jobs: i
             completion = f", its _on_complete job '{tree.completion_job}' enqueued" if tree.completion_job else ""
             raise InvalidJobError(
                 f"the tree of root job '{tree.root_job}' is done (its last job ended{completion}) and takes no new "
-                f"job: {adding[tree.root_id]} refused; schedule without _parent to run outside the tree"
+                f"job: {adding[tree.root_id]} refused; schedule without a parent to run outside any tree"
             )
         if 0 < max_jobs < tree.total + adding[tree.root_id]:
             room = max(max_jobs - tree.total, 0)
