@@ -15,7 +15,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The package and its dependencies (psycopg2-binary brings its own libpq: no system packages needed).
+# tini, Debian's, is the entry point: PID 1 of the container, it reaps the processes crawls leave behind (a browser a
+# spider started and never waited for, orphaned when its crawl ends), which scrapyd as PID 1 would keep as zombies,
+# and passes docker stop's SIGTERM on to scrapyd. -s: it reaps as a subreaper too where it is not PID 1
+# (docker run --init, a pod sharing its process namespace).
+RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/*
+
+# The package and its dependencies (psycopg2-binary brings its own libpq: no other system package needed).
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY scrapyd_pgqueue ./scrapyd_pgqueue
@@ -42,5 +48,6 @@ EXPOSE 6800
 # (`scrapyd-pgqueue health --ready`: daemonstatus.json, ok only when the node reaches the database): an unhealthy
 # container gets restarted by orchestrators, and a database stall must not restart healthy nodes and kill their crawls.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 CMD scrapyd-pgqueue health
+ENTRYPOINT ["tini", "-s", "--"]
 # No pid file: a container restarted with a stale twistd.pid would refuse to start.
 CMD ["scrapyd", "--pidfile="]

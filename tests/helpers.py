@@ -17,6 +17,9 @@ import psycopg2
 from sqlalchemy import make_url
 
 SECRET = "fault-s3cret-pw"  # the nodes' database password in fault tests: no log line may show it
+# A node's configuration for claiming only at start-up (a poll an hour, no NOTIFY): jobs scheduled through it later wait
+# for another node.
+CLAIM_AT_START_ONLY = {"poll_interval": "3600", "listen_notify": "off"}
 
 
 def skewed_clock(offset: str) -> dict[str, str]:
@@ -25,6 +28,14 @@ def skewed_clock(offset: str) -> dict[str, str]:
     libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
     assert libraries, "libfaketime is missing: apt-get install faketime (.ci/run installs it)"
     return {"LD_PRELOAD": libraries[0], "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def image_pinned(reference: str) -> bool:
+    """Whether an image reference (``registry:5000/name:tag@sha256:...``) names one version: a digest, or a tag other
+    than ``latest`` (untagged is latest)."""
+    name, at, _digest = reference.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    return bool(at) or (":" in last and last.split(":", 1)[1] != "latest")
 
 
 def wait_for(condition, timeout: float, what: str, interval: float = 0.1):

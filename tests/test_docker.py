@@ -2,13 +2,16 @@
 
 The image cannot be built here, so the test replays the Dockerfile: its COPY, RUN and ENV steps build the
 image's file tree under a temporary directory, then a real ``scrapyd`` runs from it with the image's
-environment and command, against a real database, answers the image's HEALTHCHECK command and crawls the
-baked-in example project.
+environment and command (its ENTRYPOINT, tini, then its CMD), against a real database, answers the image's HEALTHCHECK
+command and crawls the baked-in example project; in a PID namespace of its own, as in a container, its entry point
+reaps what crawls leave behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import glob
 import json
 import os
 import re
@@ -27,6 +30,7 @@ import pytest
 import yaml
 
 from scrapyd_pgqueue.local.devdb import free_port
+from helpers import image_pinned, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPOSITORY / "Dockerfile"
@@ -79,7 +83,14 @@ class ImageReplay:
         self.exposed: list[str] = []
         self.healthcheck: str | None = None
         self.cmd: list[str] | None = None
+        self.entrypoint: list[str] = []
+        self.packages: list[str] = []  # Debian packages the image installs
         self.base: str | None = None
+
+    @property
+    def command(self) -> list[str]:
+        """What the container runs: the entry point, then the command."""
+        return self.entrypoint + self.cmd
 
     def path(self, image_path: str) -> Path:
         """Where a path of the image lives under ``root``."""
@@ -134,9 +145,17 @@ class ImageReplay:
                 # What the step needs is the package's build files in the working directory.
                 assert self.path("pyproject.toml").is_file() and self.path("scrapyd_pgqueue/__init__.py").is_file()
                 self.installed = True
+            elif words[:2] == ["apt-get", "update"]:
+                pass  # the package lists, for the install that follows
+            elif words[:2] == ["apt-get", "install"]:
+                # The same Debian package installed here (.ci/run installs it) stands for the image's.
+                for package in (word for word in words[2:] if not word.startswith("-")):
+                    assert shutil.which(package), f"the image installs {package}: apt-get install {package} here too"
+                    self.packages.append(package)
             elif words[:2] == ["rm", "-rf"]:
                 for target in words[2:]:
-                    shutil.rmtree(self.path(target))
+                    for path in glob.glob(str(self.path(target))):
+                        shutil.rmtree(path)
             elif words[:2] == ["ln", "-s"]:
                 target, link = words[2:]
                 self.path(link).parent.mkdir(parents=True, exist_ok=True)
@@ -158,8 +177,11 @@ class ImageReplay:
         assert separator, "HEALTHCHECK without CMD"
         self.healthcheck = command
 
+    def _entrypoint(self, arguments):
+        self.entrypoint = json.loads(arguments)  # exec form: the process gets docker stop's SIGTERM itself
+
     def _cmd(self, arguments):
-        self.cmd = json.loads(arguments)  # exec form: the process gets docker stop's SIGTERM itself
+        self.cmd = json.loads(arguments)
 
 
 @pytest.fixture
@@ -177,6 +199,8 @@ def test_image_installs_the_package_and_bakes_in_the_example_project(image):
     assert image.home == image.workdir, "the working directory (logs/, eggs/, dbs/) is the user's home"
     assert image.exposed == ["6800"]
     assert image.cmd[0] == "scrapyd"
+    # PID 1 is tini (Debian's), which reaps orphaned processes (test_the_image_s_entry_point_reaps_...).
+    assert image.entrypoint == ["tini", "-s", "--"] and "tini" in image.packages
     # Scrapyd's configuration is where Scrapyd reads it, and it is the repository's scrapyd.cfg.
     assert image.path("/etc/scrapyd/scrapyd.conf").read_text() == (REPOSITORY / "scrapyd.cfg").read_text()
     # Scrapy finds the baked-in project in /etc/scrapy.cfg; the project is importable from PYTHONPATH.
@@ -202,7 +226,8 @@ def run_healthcheck(image: ImageReplay, env: dict[str, str]) -> int:
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30).returncode
 
 
-def test_a_node_laid_out_like_the_image_is_healthy_and_crawls_the_baked_in_project(image, database_url, tmp_path):
+def lay_out_node(image: ImageReplay, database_url: str, **environment: str) -> tuple[Path, dict[str, str], str]:
+    """(working directory, environment, URL) of a node run from the replayed image as a container runs it."""
     workdir = image.path(image.workdir)
     home = image.path(image.home)
     # Files a test cannot write under /etc, put where the same program reads them with the same effect:
@@ -220,34 +245,44 @@ def test_a_node_laid_out_like_the_image_is_healthy_and_crawls_the_baked_in_proje
     env["PYTHONPATH"] = os.pathsep.join(str(image.path(p)) for p in image.env["PYTHONPATH"].split(os.pathsep))
     env["HOME"] = str(home)
     # What `docker run -e ...` / compose gives the container; the bind address keeps this test on loopback.
-    env.update(SCRAPYD_DATABASE_URL=database_url, SCRAPYD_HTTP_PORT=str(port), SCRAPYD_BIND_ADDRESS="127.0.0.1")
-    url = f"http://127.0.0.1:{port}/"
+    env.update(SCRAPYD_DATABASE_URL=database_url, SCRAPYD_HTTP_PORT=str(port), SCRAPYD_BIND_ADDRESS="127.0.0.1",
+               **environment)
+    return workdir, env, f"http://127.0.0.1:{port}/"
 
+
+def wait_until_healthy(image: ImageReplay, env: dict[str, str], node: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while run_healthcheck(image, env) != 0:
+        assert node.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the HEALTHCHECK command never passed"
+        time.sleep(0.5)
+
+
+def schedule_and_wait(url: str, **fields: str) -> str:
+    """The job id of a crawl scheduled through schedule.json, once listjobs.json lists it as finished."""
+    data = urllib.parse.urlencode({"project": "example", **fields}).encode()
+    with urllib.request.urlopen(f"{url}schedule.json", data=data, timeout=60) as response:
+        answer = json.load(response)
+    assert answer["status"] == "ok", answer
+    job = answer["jobid"]
+
+    def finished() -> bool:
+        with urllib.request.urlopen(f"{url}listjobs.json", timeout=30) as response:
+            return job in {j["id"] for j in json.load(response)["finished"]}
+
+    wait_for(finished, 60, "the crawl to finish")
+    return job
+
+
+def test_a_node_laid_out_like_the_image_is_healthy_and_crawls_the_baked_in_project(image, database_url, tmp_path):
+    workdir, env, url = lay_out_node(image, database_url)
     assert run_healthcheck(image, env) != 0, "healthy before the node even started"
     with open(tmp_path / "scrapyd.log", "wb") as log:
-        node = subprocess.Popen(image.cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+        node = subprocess.Popen(image.command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while run_healthcheck(image, env) != 0:
-            assert node.poll() is None, (tmp_path / "scrapyd.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the HEALTHCHECK command never passed"
-            time.sleep(0.5)
-
-        data = urllib.parse.urlencode({"project": "example", "spider": "quotes"}).encode()
-        with urllib.request.urlopen(f"{url}schedule.json", data=data, timeout=60) as response:
-            answer = json.load(response)
-        assert answer["status"] == "ok", answer
-        job = answer["jobid"]
-
-        def finished() -> bool:
-            with urllib.request.urlopen(f"{url}listjobs.json", timeout=30) as response:
-                return job in {j["id"] for j in json.load(response)["finished"]}
-
-        deadline = time.monotonic() + 60
-        while not finished():
-            assert time.monotonic() < deadline, "the crawl did not finish"
-            time.sleep(0.2)
+        wait_until_healthy(image, env, node, tmp_path / "scrapyd.log")
+        job = schedule_and_wait(url, spider="quotes")
         crawl_log = (workdir / "logs" / "example" / "quotes" / f"{job}.log").read_text()
         assert "'item_scraped_count': 5" in crawl_log
     finally:
@@ -257,10 +292,84 @@ def test_a_node_laid_out_like_the_image_is_healthy_and_crawls_the_baked_in_proje
         except subprocess.TimeoutExpired:
             node.kill()  # docker stop's SIGKILL after its grace period; the assertion below reports it
             node.wait(10)
-    # twistd shuts down, then exits by the signal it received.
-    assert node.returncode == -signal.SIGTERM
+    # tini passes the signal on; twistd shuts down, then exits by the signal it received, which tini reports.
+    assert node.returncode == 128 + signal.SIGTERM
     assert "Server Shut Down." in (tmp_path / "scrapyd.log").read_text()
     assert run_healthcheck(image, env) != 0, "healthy after the node stopped"
+
+
+def in_own_pid_namespace(command: list[str]) -> list[str]:
+    """``command`` as PID 1 of a new PID namespace with its own /proc, as in a container (a user namespace too where
+    this test does not run as root)."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--pid", "--fork", "--mount-proc", *command]
+
+
+def process_table() -> dict[int, tuple[int, str, list[str]]]:
+    """Every process this machine shows: pid -> (parent pid, state, its pids from its PID namespace outwards)."""
+    table = {}
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in Path(status).read_text().splitlines() if ":\t" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+        table[int(fields["Pid"])] = (int(fields["PPid"]), fields["State"][0], fields["NSpid"].split())
+    return table
+
+
+def descendants(table, ancestor: int) -> set[int]:
+    found, frontier = set(), {ancestor}
+    while frontier:
+        frontier = {pid for pid, (parent, _, _) in table.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.parametrize("entry_point", ["the image's", "none (control)"])
+def test_the_image_s_entry_point_reaps_a_crawl_s_orphaned_grandchild(image, database_url, tmp_path, entry_point):
+    """The image's command (ENTRYPOINT and CMD, read from the Dockerfile) as PID 1 of its own PID namespace, as in a
+    container; a crawl starts a grandchild that outlives it (the sleeper's ``orphan=1``, a double fork). Once the
+    crawl has ended, no zombie is left: tini reaps it. The control runs the CMD alone (the same command minus tini,
+    scrapyd as PID 1) and finds the orphan a zombie: the check sees what it looks for."""
+    command = image.command if entry_point == "the image's" else image.cmd
+    records = tmp_path / "records"
+    workdir, env, url = lay_out_node(image, database_url, EXAMPLE_RECORD_DIR=str(records))
+    log = tmp_path / "scrapyd.log"
+    with open(log, "wb") as output:
+        unshare = subprocess.Popen(in_own_pid_namespace(command), cwd=workdir, env=env, stdout=output,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        # PID 1 of the namespace: unshare's one child, once it has become the command.
+        init = int(wait_for(lambda: (Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()
+                                     or [None])[0], 10, "the namespace's first process"))
+        wait_for(lambda: Path(f"/proc/{init}/comm").read_text().strip() == command[0], 10, f"PID 1 to be {command[0]}")
+        wait_until_healthy(image, env, unshare, log)
+        job = schedule_and_wait(url, spider="sleeper", orphan="1")
+        [orphan] = [json.loads(line)["pid"] for line in (records / "orphans.jsonl").read_text().splitlines()
+                    if json.loads(line)["job"] == job]
+
+        def orphan_state() -> str | None:
+            """The orphan's state ("Z": a zombie), None once reaped; it is a process of the namespace, its
+            (host pid, namespace pid) among PID 1's descendants."""
+            table = process_table()
+            return next((table[pid][1] for pid in descendants(table, init) if table[pid][2][-1] == str(orphan)),
+                        None)
+
+        def zombies() -> list[int]:
+            table = process_table()
+            return [pid for pid in descendants(table, init) if table[pid][1] == "Z"]
+
+        if entry_point == "the image's":
+            wait_for(lambda: orphan_state() is None and not zombies(), 30, "the crawl's orphan to end and be reaped")
+        else:
+            wait_for(lambda: orphan_state() == "Z", 30, "the crawl's orphan to end")
+            table = process_table()
+            zombie = next(pid for pid in descendants(table, init) if table[pid][2][-1] == str(orphan))
+            assert table[zombie][0] == init  # scrapyd, PID 1, never waits for it
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(unshare.pid, signal.SIGKILL)  # the namespace's PID 1 and so every process in it
+        unshare.wait(30)
 
 
 def interpolate(text: str, environment: dict[str, str]) -> str:
@@ -303,6 +412,11 @@ def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     assert scrapyd["build"] == "."
     assert "container_name" not in scrapyd and "ports" not in scrapyd, "fixed names or host ports prevent --scale"
     assert "healthcheck" not in scrapyd, "the image's own health check"
+    assert "init" not in scrapyd, "the image's entry point is the init (tini): Docker's would be a second"
+    # Every image pinned to a version: untagged or :latest, a pull could bring another one.
+    images = [service["image"] for service in services.values() if "image" in service]
+    assert len(images) == len(services) - 2  # all but the two built from the Dockerfile (scrapyd, migrate)
+    assert all(image_pinned(image) for image in images), images
     # Statements through PgBouncer in transaction mode, the one listener straight to Postgres.
     pgbouncer = services["pgbouncer"]
     assert pgbouncer["environment"]["POOL_MODE"] == "transaction"

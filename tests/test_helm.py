@@ -26,7 +26,7 @@ import yaml
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue import db
-from helpers import jobs, query, runs, runs_of, schedule, wait_for
+from helpers import image_pinned, jobs, query, runs, runs_of, schedule, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CHART = REPOSITORY / "deploy" / "helm" / "scrapyd-pgqueue"
@@ -173,6 +173,24 @@ def test_the_node_pod_runs_as_the_image_s_user_with_its_writable_directories(hel
     for writable in (home, "/tmp"):  # logs/, dbs/ and the eggs' cache are relative to the home
         assert "emptyDir" in volumes[mounts[writable]], writable
     assert volumes[mounts["/etc/scrapyd/conf.d"]]["configMap"]["name"] == "rel-scrapyd-pgqueue"
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
+def test_every_image_is_pinned_to_a_version(helm, values):
+    """No image of any rendered pod is untagged or :latest (which a pod's restart could move to another version)."""
+    images = [container["image"] for doc in render(helm, values) if doc["kind"] in ("Deployment", "Job")
+              for container in doc["spec"]["template"]["spec"]["containers"]]
+    assert images and all(image_pinned(image) for image in images), images
+
+
+def test_the_node_runs_under_the_image_s_entry_point(helm):
+    """The node's command is the image's CMD, given as args: a command would replace the image's entry point, tini,
+    and leave scrapyd PID 1, where it never reaps the orphaned processes of crawls (test_docker.py)."""
+    container = node_container(render(helm))
+    exec_forms = {line.split(None, 1)[0]: json.loads(line.split(None, 1)[1])
+                  for line in (REPOSITORY / "Dockerfile").read_text().splitlines() if line.startswith(("ENTRYPOINT", "CMD"))}
+    assert exec_forms["ENTRYPOINT"][0] == "tini"
+    assert "command" not in container and container["args"] == exec_forms["CMD"]
 
 
 def test_probes_readiness_asks_the_database_and_liveness_never_does(helm):

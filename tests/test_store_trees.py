@@ -1,4 +1,5 @@
-"""Crawl trees in the store, on a real Postgres: exact completion, keys unique in a tree, cancel.
+"""Crawl trees in the store, on a real Postgres: exact completion, keys unique in a tree, cancel, a done tree
+staying done.
 
 End-to-end trees through real nodes and crawls are in test_trees.py.
 """
@@ -12,7 +13,7 @@ import pytest
 
 from scrapyd_pgqueue.models import FAILED
 from scrapyd_pgqueue.store import AllJobsStore, InvalidJobError, JobOptions, JobStore
-from helpers import query
+from helpers import connect, query, wait_for
 
 
 def claim_all(store, worker="w"):
@@ -184,3 +185,66 @@ def test_two_schedules_at_once_into_a_tree_with_room_for_one_store_one(database_
             thread.join()
         assert sorted(outcomes) == ["refused", "stored"]
         assert query(database_url, "SELECT total FROM spider_tree WHERE root_job = %s", (root,)) == [(3,)]
+
+
+DONE = r"the tree of root job 'r' is done \(its last job ended, its _on_complete job '\w+' enqueued\) and takes no new job"
+
+
+def test_a_done_tree_refuses_new_children_and_stays_done(database_url):
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
+    store.enqueue("p", {"name": "root", "_job": "r"}, options=JobOptions(on_complete="summary"))
+    [root] = claim_all(store)
+    store.enqueue_many("p", children("r", "a"))
+    finish(store, root)
+    [child] = claim_all(store)
+    finish(store, child)
+    done = cluster.tree("p", "r")
+    assert done.done and done.completion_job
+    with pytest.raises(InvalidJobError, match=DONE + ": 1 refused; schedule without a parent"):
+        store.enqueue("p", {"name": "page", "_job": "late"}, options=JobOptions(parent="r"))
+    with pytest.raises(InvalidJobError, match=DONE + ": 2 refused"):  # from any job of the tree, all or none
+        store.enqueue_many("p", children("r-a-0", "b", "c"))
+    assert store.enqueue_many("p", children("r", "a"))[0].existing  # a key the tree has: its job, nothing new
+    assert query(database_url, "SELECT job FROM spider_job WHERE job IN ('late', 'r-a-0-b-0', 'r-a-0-c-1')") == []
+    assert cluster.tree("p", "r") == done  # done, counted and completed as before
+    assert len(completions(database_url)) == 1
+    store.enqueue("p", {"name": "page", "_job": "late"})  # outside the tree, as the error says
+
+
+def test_a_child_scheduled_while_its_tree_completes_waits_and_is_refused(database_url):
+    """The tree's last job ends in a transaction this test holds open (the status change its trigger counts: the
+    tree is done and its completion enqueued, not yet committed); a child scheduled then waits for the tree's row
+    and, once the end commits, is refused, never counted into a tree that already ran its completion."""
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
+    store.enqueue("p", {"name": "root", "_job": "r"}, options=JobOptions(on_complete="summary"))
+    [root] = claim_all(store)
+    store.enqueue_many("p", children("r", "a"))
+    finish(store, root)
+    claim_all(store)
+    ending = connect(database_url)
+    ending.autocommit = False
+    with ending.cursor() as cursor:
+        cursor.execute("UPDATE spider_job SET status = 'terminated', outcome = 'finished', end_time = now() "
+                       "WHERE job = 'r-a-0'")
+    outcomes = []
+
+    def schedule():
+        try:
+            outcomes.append(store.enqueue("p", {"name": "page", "_job": "late"}, options=JobOptions(parent="r")))
+        except InvalidJobError as e:
+            outcomes.append(str(e))
+
+    thread = threading.Thread(target=schedule)
+    thread.start()
+    try:
+        wait_for(lambda: query(database_url, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                                             "AND wait_event_type = 'Lock'"), 30, "the schedule to wait for the tree")
+    finally:
+        ending.commit()
+        ending.close()
+        thread.join()
+    [outcome] = outcomes
+    assert isinstance(outcome, str) and outcome.startswith("the tree of root job 'r' is done"), outcome
+    tree = cluster.tree("p", "r")
+    assert (tree.done, tree.total) == (True, 2) and len(completions(database_url)) == 1
+    assert query(database_url, "SELECT job FROM spider_job WHERE job = 'late'") == []

@@ -20,7 +20,7 @@ import requests
 
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG
 from scrapyd_pgqueue.store import TREES_CHANNEL
-from helpers import SiteServer, connect, ends, generate_site, query, runs, wait_for
+from helpers import CLAIM_AT_START_ONLY, SiteServer, connect, ends, generate_site, query, runs, wait_for
 
 # The example project's scrapyd.cfg, with the trees project baked in next to example.
 BASE_CONFIG = NODE_CONFIG.read_text().rstrip("\n") + "\ntrees = example.tree_settings\n"
@@ -252,9 +252,11 @@ def test_the_last_two_children_ending_at_the_same_instant_on_two_nodes_complete_
 
 def test_a_tree_at_its_cap_refuses_the_next_child_over_http_and_ends_as_usual(database, start_cluster):
     """tree_max_jobs = 3 on the node: the fourth job of a tree is refused with the reason, at schedule.json and
-    schedule_batch.json; a key the tree has (the root's own) still answers; other trees are not touched."""
+    schedule_batch.json; a key the tree has (the root's own) still answers; other trees are not touched. The node
+    scheduled through runs nothing (a done tree would refuse children for that reason first); another runs the
+    tree once it is scheduled."""
     url, admin_url = database
-    (node,) = start_cluster(url, 1, tree_max_jobs="3").nodes
+    (node,) = start_cluster(url, 1, tree_max_jobs="3", **CLAIM_AT_START_ONLY).nodes
     sleeper = {"project": "example", "spider": "sleeper", "seconds": "0"}
     assert node.post("schedule.json", **sleeper, jobid="root", _unique_key="home",
                      _unique_scope="tree")["status"] == "ok"
@@ -275,7 +277,34 @@ def test_a_tree_at_its_cap_refuses_the_next_child_over_http_and_ends_as_usual(da
     assert node.post("schedule.json", **sleeper, jobid="other")["status"] == "ok"
     assert node.post("schedule.json", **sleeper, jobid="other-child", _parent="other")["status"] == "ok"
 
+    start_cluster(url, 1, name_prefix="runner", tree_max_jobs="3")
     tree = wait_for(lambda: (t := node.get("tree.json", project="example", job="root"))["done"] and t, 60,
                     "the capped tree to end")
     assert (tree["total"], tree["outcomes"]) == (3, {"finished": 3})
     assert query(admin_url, "SELECT job FROM spider_job WHERE job IN ('c', 'd')") == []
+
+
+def test_a_done_tree_refuses_a_child_over_http_and_stays_done(database, start_cluster):
+    """A child scheduled (schedule.json, schedule_batch.json) into a tree that completed and ran its _on_complete is
+    refused with the reason naming the tree; nothing of it is stored, and the tree stays done."""
+    url, admin_url = database
+    (node,) = start_cluster(url, 1).nodes
+    sleeper = {"project": "example", "spider": "sleeper", "seconds": "0"}
+    assert node.post("schedule.json", **sleeper, jobid="root", _on_complete="sleeper")["status"] == "ok"
+
+    def completed():
+        tree = node.get("tree.json", project="example", job="root")
+        return tree["done"] and tree["completion_job"] in {job["id"] for job in node.get("listjobs.json")["finished"]} \
+            and tree
+
+    tree = wait_for(completed, 60, "the tree to end and its completion to run")
+    reason = (f"the tree of root job 'root' is done (its last job ended, its _on_complete job "
+              f"'{tree['completion_job']}' enqueued) and takes no new job: 1 refused; schedule without a parent to "
+              f"run outside any tree")
+    assert node.post("schedule.json", **sleeper, jobid="late", _parent="root") == {
+        "status": "error", "message": reason, "node_name": "node1"}
+    batch = requests.post(f"{node.url}schedule_batch.json", timeout=30, json=
+                          {"project": "example", "jobs": [{"spider": "sleeper", "jobid": "late", "parent": "root"}]})
+    assert batch.json() == {"status": "error", "message": reason, "node_name": "node1"}
+    assert query(admin_url, "SELECT job FROM spider_job WHERE job = 'late'") == []
+    assert node.get("tree.json", project="example", job="root") == tree

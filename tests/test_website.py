@@ -1,24 +1,27 @@
 """/jobs in a real browser against three real nodes: a job scheduled through node 1 and running on node 3 is listed on
 node 2 with its node, and node 2's Cancel button stops it; pending jobs in run order; cancelled pending jobs without
-a start; job ids and arguments from users shown as text, never run."""
+a start; job ids and arguments from users shown as text, never run; a page parameter out of range or malformed
+answers a 400 page with the reason (/jobs and /dashboard alike)."""
 
 from __future__ import annotations
+
+from urllib.parse import urlencode
 
 import pytest
 import requests
 from selenium.webdriver.common.by import By
 
-from helpers import csp_violations, jobs, runs_of, schedule, screenshot, wait_for
+from helpers import CLAIM_AT_START_ONLY, csp_violations, jobs, runs_of, schedule, screenshot, wait_for
 
 STOCK = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
-# Nodes 1 and 2 claim only at start-up (a poll an hour, no NOTIFY): every job scheduled later runs on node 3.
-HOLD = {"poll_interval": "3600", "listen_notify": "off"}
 INJECTED_JOB = "<img src=x onerror=window.injected=1>"
 
 
 @pytest.fixture
 def cluster(database_url, start_cluster):
-    return start_cluster(database_url, 3, max_proc="1", node_config={"node1": HOLD, "node2": HOLD})
+    """Nodes 1 and 2 claim only at start-up: every job scheduled later runs on node 3."""
+    return start_cluster(database_url, 3, max_proc="1",
+                         node_config={"node1": CLAIM_AT_START_ONLY, "node2": CLAIM_AT_START_ONLY})
 
 
 def section_rows(browser, section: str) -> list[dict[str, str]]:
@@ -121,3 +124,37 @@ def test_a_forwarded_prefix_is_put_in_links_only_when_it_is_a_path(database_url,
         served = requests.get(f"{node.url}{page}", headers={"X-Forwarded-Prefix": hostile}, timeout=30)
         assert served.status_code == 200
         assert hostile not in served.text and "evil.example" not in served.text and 'href="/' in served.text
+
+
+BAD_PAGE_PARAMETERS = [
+    ("jobs", "pending_offset", "100000000000000000000", "0 to 4,611,686,018,427,387,904"),
+    ("jobs", "pending_offset", "-1", "0 to 4,611,686,018,427,387,904"),
+    ("jobs", "pending_offset", "<script>window.injected=3</script>", "0 to 4,611,686,018,427,387,904"),
+    ("dashboard", "hours", "0", "1 to 48"),
+    ("dashboard", "hours", "49", "1 to 48"),
+    ("dashboard", "hours", "three", "1 to 48"),
+]
+
+
+def test_a_page_parameter_out_of_range_or_malformed_answers_400_with_the_reason(database_url, start_cluster, browser):
+    (node,) = start_cluster(database_url, 1).nodes
+    for page, parameter, given, accepted in BAD_PAGE_PARAMETERS:
+        url = f"{node.url}{page}?{urlencode({parameter: given})}"
+        answer = requests.get(url, timeout=30)
+        assert (answer.status_code, answer.headers["Content-Type"]) == (400, "text/html; charset=utf-8"), url
+        browser.get(url)
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Bad request"
+        assert browser.find_element(By.TAG_NAME, "p").text == f"{parameter} must be a whole number from {accepted}, " \
+                                                             f"not {given!r}"
+        assert browser.execute_script("return window.injected") is None  # shown as text, never run
+
+    # In range: the page as asked, with no number nobody asked for.
+    browser.get(f"{node.url}jobs?pending_offset=4611686018427387904")
+    assert browser.find_element(By.ID, "pending-note").text == (
+        "No pending jobs from 4,611,686,018,427,387,905 on: 0 in all. first page")
+    browser.find_element(By.LINK_TEXT, "first page").click()
+    assert "of 0, in the order they will run" in browser.find_element(By.ID, "pending-note").text
+    assert requests.get(f"{node.url}dashboard?hours=48", timeout=30).status_code == 200
+    # listjobs.json keeps its JSON error.
+    assert node.get("listjobs.json", pending_offset="100000000000000000000") == {
+        "status": "error", "message": "pending_offset may be at most 4611686018427387904", "node_name": "node1"}

@@ -74,12 +74,15 @@ START_TREES = text("""
     ON CONFLICT (root_id) DO UPDATE SET on_complete = EXCLUDED.on_complete
 """)
 
-# The job counts of :tree_ids, their rows locked until the enqueue commits (in one order: no deadlock between two
-# batches of several trees), so that two batches scheduled at once into a full tree cannot both pass its cap; the
-# insert's trigger takes the same lock anyway. NO KEY UPDATE, as the trigger's update: FOR UPDATE would wait for the
-# key share that another batch's tree keys hold on the row (their foreign key), while it waits for ours: a deadlock.
-LOCK_TREE_TOTALS = text("""
-    SELECT root_id, root_job, total FROM spider_tree WHERE root_id = ANY(:tree_ids) ORDER BY root_id
+# The job counts and completion of :tree_ids, their rows locked until the enqueue commits (in one order: no deadlock
+# between two batches of several trees), so that two batches scheduled at once into a full tree cannot both pass its
+# cap, and a tree's last job ending at the same time either completes the tree before (this reads it done) or after
+# the children are counted (it finds them open); the insert's trigger takes the same lock anyway. NO KEY UPDATE, as
+# the trigger's update: FOR UPDATE would wait for the key share that another batch's tree keys hold on the row
+# (their foreign key), while it waits for ours: a deadlock.
+LOCK_TREES = text("""
+    SELECT root_id, root_job, total, done_time, completion_job FROM spider_tree WHERE root_id = ANY(:tree_ids)
+    ORDER BY root_id
     FOR NO KEY UPDATE
 """)
 
@@ -195,7 +198,8 @@ def _starts_tree(row: dict[str, Any]) -> bool:
 def place_in_trees(connection, project: str, rows: list[dict[str, Any]], max_jobs: int = 0) -> dict[int, Enqueued]:
     """Give each row with a parent its parent's row and tree (opening the tree on a root's first child), and take
     its tree-scoped key. Rows whose key the tree already had are not to be inserted: returned by index with the
-    job that has the key. InvalidJobError when the new jobs would take a tree past ``max_jobs`` (0: no cap)."""
+    job that has the key. InvalidJobError when a new job's tree is done, or when the new jobs would take a tree past
+    ``max_jobs`` (0: no cap)."""
     parents = sorted({row["parent"] for row in rows if row["parent"] is not None})
     if not parents:
         return {}
@@ -210,22 +214,28 @@ def place_in_trees(connection, project: str, rows: list[dict[str, Any]], max_job
         if row["parent"] is not None:
             row["parent_id"], row["tree_id"] = found[row["parent"]].id, found[row["parent"]].tree_id
     known = _take_tree_keys(connection, rows)
-    if max_jobs > 0:
-        _refuse_past_cap(connection, [row for i, row in enumerate(rows) if i not in known], max_jobs)
+    _refuse_done_or_full(connection, [row for i, row in enumerate(rows) if i not in known], max_jobs)
     return known
 
 
-def _refuse_past_cap(connection, new_rows: list[dict[str, Any]], max_jobs: int) -> None:
-    """InvalidJobError naming the first tree that ``new_rows`` (the children to insert) would take past
-    ``max_jobs`` jobs (every job it ever had, pruned ones included); the caller's transaction rolls back."""
+def _refuse_done_or_full(connection, new_rows: list[dict[str, Any]], max_jobs: int) -> None:
+    """InvalidJobError naming the first tree that is done (a done tree stays done: its _on_complete ran, or has
+    nothing to run) or that ``new_rows`` (the children to insert) would take past ``max_jobs`` jobs (every job it
+    ever had, pruned ones included; 0: no cap); the caller's transaction rolls back."""
     adding: dict[int, int] = {}
     for row in new_rows:
         if row["tree_id"] is not None:
             adding[row["tree_id"]] = adding.get(row["tree_id"], 0) + 1
     if not adding:
         return
-    for tree in connection.execute(LOCK_TREE_TOTALS, {"tree_ids": sorted(adding)}):
-        if tree.total + adding[tree.root_id] > max_jobs:
+    for tree in connection.execute(LOCK_TREES, {"tree_ids": sorted(adding)}):
+        if tree.done_time is not None:
+            completion = f", its _on_complete job '{tree.completion_job}' enqueued" if tree.completion_job else ""
+            raise InvalidJobError(
+                f"the tree of root job '{tree.root_job}' is done (its last job ended{completion}) and takes no new "
+                f"job: {adding[tree.root_id]} refused; schedule without a parent to run outside any tree"
+            )
+        if 0 < max_jobs < tree.total + adding[tree.root_id]:
             room = max(max_jobs - tree.total, 0)
             raise InvalidJobError(
                 f"the tree of root job '{tree.root_job}' has {tree.total} jobs and may have at most {max_jobs} "

@@ -14,7 +14,7 @@ from typing import Any
 
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.store import COUNT_CAP, AllJobsStore, OverviewStore, ScheduleStore, local_time
-from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, no_microseconds, quoted_log_path
+from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, int_parameter, no_microseconds, quoted_log_path
 from scrapyd_pgqueue.web.svg import minute_chart
 
 REFRESH_SECONDS = 10
@@ -224,10 +224,7 @@ def count_text(count: int) -> str:
 
 class DashboardPage(ThreadedPage):
     def build(self, request) -> bytes:
-        try:
-            hours = min(MAX_HOURS, max(1, int(request.args.get(b"hours", [b""])[0])))
-        except ValueError:
-            hours = DEFAULT_HOURS
+        hours = int_parameter(request, "hours", DEFAULT_HOURS, 1, MAX_HOURS)
         settings = self.root.settings
         view = View(self.base_path(request), local_time(db.database_now()), hours, settings)
         cluster, overview = AllJobsStore.for_settings(settings), OverviewStore.for_settings(settings)

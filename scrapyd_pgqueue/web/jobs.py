@@ -19,7 +19,9 @@ from urllib.parse import urljoin, urlsplit
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.job_stats import stats_summary
 from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, AllJobsStore, OverviewStore, local_time
-from scrapyd_pgqueue.web.page import CANCEL_CONFIRM, ThreadedPage, document, esc, no_microseconds, quoted_log_path
+from scrapyd_pgqueue.web.page import (
+    CANCEL_CONFIRM, ThreadedPage, document, esc, int_parameter, no_microseconds, quoted_log_path,
+)
 
 STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
 EXTRA_HEADERS = ["Node", "Outcome"]
@@ -62,11 +64,7 @@ class JobsPage(ThreadedPage):
         )
 
     def build(self, request) -> bytes:
-        try:
-            offset = min(MAX_PENDING_OFFSET, max(0, int(request.args.get(b"pending_offset", [b"0"])[0])))
-        except ValueError:
-            offset = 0
-        data = self.fetch(offset)
+        data = self.fetch(int_parameter(request, "pending_offset", 0, 0, MAX_PENDING_OFFSET))
         base = self.base_path(request)
         rows = Rows(self, base, data.node_urls)
         span = len(self.headers)
@@ -98,6 +96,9 @@ class JobsPage(ThreadedPage):
     @staticmethod
     def pending_note(data: JobsData, base: str) -> str:
         total = f"{data.pending_total:,}" + ("" if data.pending_exact else " (estimated)")
+        if data.offset and not data.pending:  # past the end (the queue may have shrunk since the link was made)
+            return (f'<p id="pending-note">No pending jobs from {data.offset + 1:,} on: {total} in all. '
+                    f'<a href="{base}/jobs">first page</a></p>')
         first = data.offset + 1 if data.pending else data.offset
         links = []
         if data.offset:

@@ -50,6 +50,27 @@ def forwarded_prefix(request, header: str) -> str:
     return esc(value.rstrip("/")) if SAFE_PREFIX.fullmatch(value) else ""
 
 
+class BadPageRequest(Exception):
+    """A page's query parameter that is out of range or malformed: a 400 page saying which values it takes."""
+
+
+def int_parameter(request, name: str, default: int, lowest: int, highest: int) -> int:
+    """The whole number ``name`` of the query string, ``default`` when absent; BadPageRequest when it is not a
+    whole number from ``lowest`` to ``highest`` (never a value of its own chosen instead: the page would show
+    numbers nobody asked for)."""
+    values = request.args.get(name.encode())
+    if not values:
+        return default
+    given = values[0].decode("utf-8", "replace")
+    try:
+        value = int(given)
+    except ValueError:
+        value = None
+    if value is None or not lowest <= value <= highest:
+        raise BadPageRequest(f"{name} must be a whole number from {lowest:,} to {highest:,}, not {given!r}")
+    return value
+
+
 def esc(value) -> str:
     """Text for HTML content and quoted attributes; None is empty."""
     return "" if value is None else html.escape(str(value), quote=True)
@@ -115,7 +136,11 @@ class ThreadedPage(resource.Resource):
         request.finish()
 
     def _fail(self, failure, request, finished) -> None:
-        if failure.check(DatabaseError):
+        heading = "Unavailable"
+        if failure.check(BadPageRequest):
+            request.setResponseCode(400)
+            heading, message = "Bad request", failure.getErrorMessage()
+        elif failure.check(DatabaseError):
             metrics.DATABASE_ERRORS.labels("web").inc()
             request.setResponseCode(503)
             message = f"The job queue is unavailable: {failure.getErrorMessage()}"
@@ -123,4 +148,4 @@ class ThreadedPage(resource.Resource):
             log.failure("Could not build {path}", failure, path=request.path)
             request.setResponseCode(500)
             message = "Could not build this page; see the node's log."
-        self._write(document("Scrapyd", f"<h1>Unavailable</h1>\n<p>{esc(message)}</p>"), request, finished)
+        self._write(document("Scrapyd", f"<h1>{heading}</h1>\n<p>{esc(message)}</p>"), request, finished)
