@@ -79,7 +79,7 @@ class SpiderJob(Base):
     # Scrapy's stats as the crawl last reported them to its node (0011): written by the node's tick while it runs
     # and with its finish; not indexed, so those updates stay HOT.
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    # The watchdog (0014): seconds the crawl may run, and may go without a new request, response or item, before
+    # The watchdog (0013): seconds the crawl may run, and may go without a new request, response or item, before
     # its node stops it (outcome 'timeout' or 'stalled'); NULL: the node's max_runtime and stall_timeout.
     max_runtime: Mapped[float | None]
     stall_timeout: Mapped[float | None]
@@ -219,7 +219,7 @@ class PeriodicJob(Base):
     fired: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     skipped: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
-    # Each firing's job's _max_runtime and _stall_timeout (0014).
+    # Each firing's job's _max_runtime and _stall_timeout (0013).
     max_runtime: Mapped[float | None]
     stall_timeout: Mapped[float | None]
 

@@ -488,7 +488,7 @@ def test_an_ambiguous_database_url_is_refused_before_any_connection_and_never_sh
     assert not any(part in text for part in PASSWORD_PARTS for text in shown)
 
 
-def test_0014_upgrades_a_populated_queue_whose_jobs_then_take_watchdog_limits_and_outcomes(database_url):
+def test_0013_upgrades_a_populated_queue_whose_jobs_then_take_watchdog_limits_and_outcomes(database_url):
     _migrate_to(database_url, "0009")
     query(database_url, """
         INSERT INTO spider_job (project, spider, job, status, outcome, run_at, created_time, end_time)
@@ -499,7 +499,7 @@ def test_0014_upgrades_a_populated_queue_whose_jobs_then_take_watchdog_limits_an
     query(database_url, "INSERT INTO periodic_job (name, project, spider, every_seconds, next_fire_time) "
                         "VALUES ('often', 'p', 's', 60, now())")
 
-    _migrate_to(database_url, "0014")
+    _migrate_to(database_url, "0013")
 
     assert query(database_url, "SELECT count(*), count(max_runtime), count(stall_timeout) FROM spider_job") == [
         (3000, 0, 0)]

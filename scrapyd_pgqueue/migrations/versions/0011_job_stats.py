@@ -1,13 +1,13 @@
 """Each job's Scrapy stats, reported by its crawl to its node: ``spider_job.stats``.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 """
 
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

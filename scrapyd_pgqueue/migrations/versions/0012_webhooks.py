@@ -1,7 +1,7 @@
 """Webhooks: the operator's hooks and an outbox of their events, written in the transaction that caused each one.
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 """
 
 import runpy
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 revision = "0012"
-down_revision = "0009"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

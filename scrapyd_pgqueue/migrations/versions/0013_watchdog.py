@@ -1,14 +1,14 @@
 """The watchdog's limits per job and periodic job (max_runtime, stall_timeout), and its outcomes timeout and stalled.
 
-Revision ID: 0014
-Revises: 0009
+Revision ID: 0013
+Revises: 0012
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014"
-down_revision = "0009"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
