@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.devdb import free_port
 from helpers import image_pinned, wait_for
 
@@ -422,7 +423,7 @@ def test_compose_runs_scalable_nodes_on_one_postgres_behind_one_address():
     assert pgbouncer["environment"]["POOL_MODE"] == "transaction"
     # A session's SET or temporary table is discarded after every transaction, not left for the next client.
     assert (pgbouncer["environment"]["SERVER_RESET_QUERY"], pgbouncer["environment"]["SERVER_RESET_QUERY_ALWAYS"]) == (
-        "DISCARD ALL", "1")
+        devdb.SERVER_RESET_QUERY, "1")
     assert "options" not in pgbouncer["environment"].get("IGNORE_STARTUP_PARAMETERS", "")
     upstream = urllib.parse.urlsplit(pgbouncer["environment"]["DATABASE_URL"])
     assert (upstream.hostname, upstream.port) == ("postgres", 5432)

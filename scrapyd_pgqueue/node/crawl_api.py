@@ -27,6 +27,7 @@ from twisted.web import resource, server
 
 from scrapyd_pgqueue import offload
 from scrapyd_pgqueue.crawl_node import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
+from scrapyd_pgqueue.request_gate import Credentials
 from scrapyd_pgqueue.request_limits import bounded_request_class
 
 log = Logger()
@@ -84,7 +85,8 @@ class CrawlApi(resource.Resource):
         path = os.path.join(directory, f"{os.getpid()}.sock")
         site = server.Site(self)
         # A body over max_request_bytes is counted and dropped, never kept: a crawl cannot fill its node's memory.
-        site.requestFactory = bounded_request_class(self.node_name, self.settings.max_request_bytes,
+        # No Basic credentials: a crawl holds none, its token is its credential (checked by render_POST).
+        site.requestFactory = bounded_request_class(self.node_name, Credentials(None), self.settings.max_request_bytes,
                                                     self.settings.max_request_bytes)
         site.log = lambda request: None  # no access log: nothing of a crawl's request is worth a line
         site.noisy = False
