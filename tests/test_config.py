@@ -28,3 +28,13 @@ def test_warm_starts_are_on_by_default_and_need_one_warm_process_at_least():
     assert (given.warm_start, given.warm_processes, given.warm_idle_timeout) == (False, 2, 30.0)
     with pytest.raises(ConfigurationError, match="'warm_processes' must be at least 1"):
         settings(Config(values={**URL, "warm_start": "on", "warm_processes": "0"}))
+
+
+def test_webhooks_retry_for_a_day_by_default_and_need_positive_times():
+    defaults = settings(Config(values=URL))
+    assert (defaults.webhook_retry_hours, defaults.webhook_timeout, defaults.webhook_backoff,
+            defaults.webhook_backoff_max) == (24.0, 10.0, 10.0, 3600.0)
+    given = settings(Config(values={**URL, "webhook_retry_hours": "1", "webhook_backoff": "0.5"}))
+    assert (given.webhook_retry_hours, given.webhook_backoff) == (1.0, 0.5)
+    with pytest.raises(ConfigurationError, match="'webhook_timeout' must be more than 0 seconds"):
+        settings(Config(values={**URL, "webhook_timeout": "0"}))
