@@ -10,7 +10,8 @@ other processes whose lease expired, only once this node's own heartbeats have b
 whole lease; with ``on_lease_lost = stop`` another stops this node's crawls before its lease can expire. That
 thread's tick (one statement a heartbeat) also hands back claims this node has no crawl for (a claim whose reply
 was lost with its connection) and reads the cancel requests, egg catalogue and next periodic and webhook due times,
-which ``learn`` acts on (webhook events are sent by ``node/webhooks.py``'s thread); the reactor's upkeep hands back the jobs of crawls stopped for a lost lease.
+which ``learn`` acts on (webhook events are sent by ``node/webhooks.py``'s thread); the reactor's upkeep hands back
+the jobs of crawls stopped for a lost lease.
 
 Graceful stop (SIGTERM): stop claiming, let running crawls go on for up to ``stop_timeout`` seconds, record
 the ones that end, then kill what still runs and hand it back to the queue (the attempt stays counted; once
