@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import glob
 import json
 import multiprocessing
@@ -132,6 +133,34 @@ def accepting(server_url):
         return True
     except psycopg2.OperationalError:
         return False
+
+
+# --- the operator command -----------------------------------------------------------------------------------------
+
+COMMAND = os.path.join(os.path.dirname(sys.executable), "scrapyd-pgqueue")
+
+
+def run(database_url, *args, expect=0, env=None):
+    """Run the console script with the database URL from the environment (none: empty), as an operator's shell would
+    pass it."""
+    env = {**{key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}, **(env or {})}
+    if database_url:
+        env["SCRAPYD_DATABASE_URL"] = database_url
+    result = subprocess.run([COMMAND, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def run_json(database_url, *args, expect=0):
+    return json.loads(run(database_url, *args, "--json", expect=expect).stdout)
+
+
+def finish(store, claimed, *, outcome="finished", reason=None, worker="w1", ended_minutes_ago=0):
+    """End a job claimed through the store, as its node would (``JobStore.finish_job``)."""
+    end = datetime.datetime.now() - datetime.timedelta(minutes=ended_minutes_ago)
+    store.finish_job(project=claimed.project, spider=claimed.message["name"], job=claimed.job,
+                     start_time=end - datetime.timedelta(seconds=5), end_time=end, outcome=outcome, reason=reason,
+                     claimed=claimed, worker=worker)
 
 
 # --- crawls -----------------------------------------------------------------------------------------------------

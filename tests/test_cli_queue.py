@@ -10,33 +10,13 @@ import json
 import os
 import select
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.models import FAILED, FINISHED, LOST
+from scrapyd_pgqueue.models import FAILED, LOST
 from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL
-from helpers import skewed_clock
-
-COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
-
-
-def run(database_url, *args, expect=0, env=None):
-    """Run the console script with the database URL from the environment (none: empty), as an operator's shell would
-    pass it."""
-    env = {**{key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}, **(env or {})}
-    if database_url:
-        env["SCRAPYD_DATABASE_URL"] = database_url
-    result = subprocess.run([COMMAND, *args], env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
-
-
-def run_json(database_url, *args, expect=0):
-    return json.loads(run(database_url, *args, "--json", expect=expect).stdout)
-
+from helpers import COMMAND, finish, run, run_json, skewed_clock
 
 def notifications(connection, timeout=10):
     assert select.select([connection], [], [], timeout)[0], "no notification"
@@ -44,13 +24,6 @@ def notifications(connection, timeout=10):
     received = [(n.channel, n.payload) for n in connection.notifies]
     connection.notifies.clear()
     return received
-
-
-def finish(store, claimed, *, outcome=FINISHED, reason=None, worker="w1", ended_minutes_ago=0):
-    end = datetime.datetime.now() - datetime.timedelta(minutes=ended_minutes_ago)
-    store.finish_job(project=claimed.project, spider=claimed.message["name"], job=claimed.job,
-                     start_time=end - datetime.timedelta(seconds=5), end_time=end, outcome=outcome, reason=reason,
-                     claimed=claimed, worker=worker)
 
 
 @pytest.fixture

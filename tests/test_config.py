@@ -43,3 +43,13 @@ def test_an_ambiguous_database_url_is_refused_at_start_up_and_never_shown(option
     encoded = {"@": "%%40", "/": "%%2F", "#": "%%23", "?": "%%3F", ":": "%%3A"}
     quoted = "".join(encoded.get(character, character) for character in password)
     settings(Config(values={**URL, option: f"postgresql://scrapyd:{quoted}@db.internal:5432/scrapyd"}))
+
+
+def test_webhooks_retry_for_a_day_by_default_and_need_positive_times():
+    defaults = settings(Config(values=URL))
+    assert (defaults.webhook_retry_hours, defaults.webhook_timeout, defaults.webhook_backoff,
+            defaults.webhook_backoff_max) == (24.0, 10.0, 10.0, 3600.0)
+    given = settings(Config(values={**URL, "webhook_retry_hours": "1", "webhook_backoff": "0.5"}))
+    assert (given.webhook_retry_hours, given.webhook_backoff) == (1.0, 0.5)
+    with pytest.raises(ConfigurationError, match="'webhook_timeout' must be more than 0 seconds"):
+        settings(Config(values={**URL, "webhook_timeout": "0"}))

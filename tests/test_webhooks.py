@@ -22,8 +22,7 @@ import pytest
 from scrapyd_pgqueue.node.webhooks import event_body, retry_delay, slack_text
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, ScheduleStore
 from scrapyd_pgqueue.store.webhooks import Attempt, WebhookStore
-from helpers import WebhookReceiver, query, schedule, wait_for
-from test_cli_queue import finish, run, run_json
+from helpers import WebhookReceiver, finish, query, run, run_json, schedule, wait_for
 
 FAILED_JOBS = int(os.environ.get("SCRAPYD_PGQUEUE_WEBHOOK_JOBS", "200"))
 OUTAGE_SECONDS = float(os.environ.get("SCRAPYD_PGQUEUE_WEBHOOK_OUTAGE", "20"))
@@ -123,6 +122,21 @@ def test_recovery_of_a_dead_node_and_retries_used_up_write_lost_and_dead_events(
     tick = store.node_tick(worker="w-live", lease_seconds=30, max_attempts=1, recover=False, release=False,
                            known_ids=[], claimed_before=datetime.datetime.now(), prompt_seconds=60)
     assert tick.webhooks_due_in is not None and tick.webhooks_due_in <= 0  # the tick tells the node
+
+
+def test_a_cancelled_tree_writes_ended_events_for_its_waiting_jobs_and_then_its_tree_done(database_url, store):
+    hooks = WebhookStore.for_url(database_url)
+    hooks.add_webhook("http://x/1", ["ended", "tree_done"], "p", "json", None)
+    store.enqueue("p", {"name": "root", "_job": "r"}, options=JobOptions(on_complete="summary"))
+    [root] = store.claim_next_jobs(None, 1, node="n", worker="w1").jobs
+    store.enqueue_many("p", [({"name": "child", "_job": job}, 0.0, JobOptions(parent="r")) for job in ("a", "b")])
+    assert AllJobsStore.for_url(database_url).cancel_tree("p", "r") == {"cancelled": 2, "signalled": 1}
+    store.enqueue_many("p", [({"name": "child", "_job": "late"}, 0.0, JobOptions(parent="r"))])  # cancelled at once
+    finish(store, root, outcome="cancelled")
+    events = query(database_url, "SELECT event, fields->>'job', fields->>'outcome', fields->>'root' FROM webhook_event")
+    assert sorted(events) == [("ended", "a", "cancelled", None), ("ended", "b", "cancelled", None),
+                              ("ended", "late", "cancelled", None), ("ended", "r", "cancelled", None),
+                              ("tree_done", None, None, "r")]
 
 
 def test_a_periodic_skip_writes_its_event_in_the_same_transaction(database_url, store):

@@ -10,7 +10,8 @@ other processes whose lease expired, only once this node's own heartbeats have b
 whole lease; with ``on_lease_lost = stop`` another stops this node's crawls before its lease can expire. That
 thread's tick (one statement a heartbeat) also hands back claims this node has no crawl for (a claim whose reply
 was lost with its connection) and reads the cancel requests, egg catalogue and next periodic and webhook due times,
-which ``learn`` acts on (webhook events are sent by ``node/webhooks.py``'s thread); the reactor's upkeep hands back the jobs of crawls stopped for a lost lease.
+which ``learn`` acts on (webhook events are sent by ``node/webhooks.py``'s thread); the reactor's upkeep hands back
+the jobs of crawls stopped for a lost lease.
 
 The watchdog (``node/watchdog.py``) stops crawls past their job's limits (outcome 'timeout' or 'stalled'), kills
 those that ignore a stop, and hands back the jobs of crawls that never reach their spider.

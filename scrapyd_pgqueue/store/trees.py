@@ -23,6 +23,7 @@ from scrapyd_pgqueue.store.base import (
     JobRow,
     database_errors,
 )
+from scrapyd_pgqueue.store.webhooks import job_events
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -98,12 +99,17 @@ CLAIM_TREE_KEYS = text("""
     RETURNING tree_id, unique_key, job, xmax <> 0 AS existing
 """)
 
-# Cancel children just scheduled into a cancelled tree: nothing of it may wait or run again.
-CANCEL_NEW_CHILDREN = text("""
-    UPDATE spider_job
-    SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
-        end_time = now()
-    WHERE id = ANY(:ids) AND status IN ('delayed', 'pending')
+# Cancel children just scheduled into a cancelled tree: nothing of it may wait or run again. Their webhooks' events
+# (ended) are written with them.
+CANCEL_NEW_CHILDREN = text(f"""
+    WITH cancelled AS (
+        UPDATE spider_job
+        SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
+            end_time = now()
+        WHERE id = ANY(:ids) AND status IN ('delayed', 'pending')
+        RETURNING *
+    ), {job_events("cancelled")}
+    SELECT count(*) FROM cancelled
 """)
 
 # The newest row of job :job (of :project, any when NULL), its parent and its tree's root.
@@ -140,7 +146,8 @@ TREE_FAILURES = text("""
 
 # Cancel a whole tree: mark it (children scheduled later are cancelled as they come), cancel its waiting jobs, and
 # ask the nodes running its running jobs to signal them (one request each, NOTIFY as cancel.json does). Only while
-# the caller still waits for the answer (IN_TIME), as one job's.
+# the caller still waits for the answer (IN_TIME), as one job's. The waiting jobs' webhooks' events (ended) are
+# written with them.
 CANCEL_TREE = text(f"""
     WITH {IN_TIME}, tree AS (
         UPDATE spider_tree SET cancelled = true WHERE root_id = :tree_id AND (SELECT ok FROM in_time)
@@ -150,8 +157,8 @@ CANCEL_TREE = text(f"""
         SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
             end_time = now()
         WHERE (tree_id = :tree_id OR id = :tree_id) AND status IN ('delayed', 'pending') AND (SELECT ok FROM in_time)
-        RETURNING id
-    ), running AS (
+        RETURNING *
+    ), {job_events("waiting")}, running AS (
         UPDATE spider_job
         SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
         WHERE (tree_id = :tree_id OR id = :tree_id) AND status = 'ongoing' AND (SELECT ok FROM in_time)
