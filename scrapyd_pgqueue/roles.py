@@ -37,11 +37,14 @@ NODE_TABLES = {
     "spider_limit": ROW_RIGHTS,
     "spider_tree": ROW_RIGHTS,
     "spider_tree_key": ROW_RIGHTS,
+    "webhook": ROW_RIGHTS,  # the operator's hooks: nodes read them to deliver and count what they delivered
+    "webhook_event": ROW_RIGHTS,  # the outbox: written with each event's cause, claimed and deleted by deliveries
     # A deploy inserts a new row (a new id) and deletes the old one; no node updates an egg or its digest in place.
     "project_egg": "SELECT, INSERT, DELETE",
     db.VERSION_TABLE: "SELECT",  # nodes check the schema's revision; only the owner migrates
 }
-NODE_SEQUENCES = ("project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_id_seq")  # USAGE: nextval
+NODE_SEQUENCES = ("project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_id_seq", "webhook_event_id_seq",
+                  "webhook_id_seq")  # USAGE: nextval
 NODE_FUNCTIONS = (  # EXECUTE; as oidvectortypes() prints their arguments
     "claim_spider_jobs(text[], integer, text, text, text)",
     "scrapyd_pgqueue_wanted_nodes(integer)",

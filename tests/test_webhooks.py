@@ -68,7 +68,8 @@ def test_a_job_event_body_has_every_key_and_the_log_url_listjobs_gives():
     assert {key: body[key] for key in ("id", "event", "project", "spider", "job", "node", "outcome", "finish_reason",
                                        "stats", "log_url")} == {
         "id": 7, "event": "failed", "project": "p", "spider": "s", "job": "j1", "node": "n1", "outcome": "failed",
-        "finish_reason": None, "stats": {}, "log_url": "/logs/p/s/j1.log"}
+        "finish_reason": None, "stats": {"items": None, "requests": None, "errors": None, "finish_reason": None},
+        "log_url": "/logs/p/s/j1.log"}
     stats = {"item_scraped_count": 3, "downloader/request_count": 4, "log_count/ERROR": 2, "finish_reason": "finished"}
     body = event_body(8, "ended", {**fields, "stats": stats})
     assert body["finish_reason"] == "finished"

@@ -21,11 +21,13 @@ import random
 import threading
 import urllib.error
 import urllib.request
+from urllib.parse import quote
 from typing import Any
 
 from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.job_stats import stats_summary
 from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.store.webhooks import JOB_EVENTS, Attempt, DueEvent, WebhookStore
 from scrapyd_pgqueue.throttled_log import ThrottledLog
@@ -39,22 +41,6 @@ LEASE_MARGIN = 5.0  # seconds a claim's lease adds to the rounds' timeouts (the 
 
 
 # --- the body --------------------------------------------------------------------------------------------------
-
-
-def stats_summary(stats: dict[str, Any] | None) -> dict[str, Any]:
-    """The summary of a crawl's stats the body carries: items, requests, errors, finish_reason (empty: no stats).
-    Takes Scrapy's own keys, or a summary that has them already."""
-    if not stats:
-        return {}
-
-    def first(*keys):
-        return next((stats[key] for key in keys if stats.get(key) is not None), None)
-
-    errors = first("errors")
-    if errors is None and any(key in stats for key in ("log_count/ERROR", "log_count/CRITICAL")):
-        errors = stats.get("log_count/ERROR", 0) + stats.get("log_count/CRITICAL", 0)
-    return {"items": first("items", "item_scraped_count"), "requests": first("requests", "downloader/request_count"),
-            "errors": errors, "finish_reason": first("finish_reason")}
 
 
 def _utc(value: Any) -> Any:
@@ -76,7 +62,8 @@ def event_body(event_id: int, event: str, fields: dict[str, Any], node_url: str 
         body.update({key: fields.get(key) for key in ("job", "node", "outcome", "reason", "exit_code", "start_time",
                                                        "end_time")})
         body.update(finish_reason=summary.get("finish_reason"), stats=summary,
-                    log_url=f"/logs/{fields['project']}/{fields['spider']}/{fields['job']}.log")  # as listjobs.json
+                    log_url="/logs/{}/{}/{}.log".format(*(quote(fields[key], safe="") for key in (
+                        "project", "spider", "job"))))  # as listjobs.json gives it, its segments quoted
     else:
         body.update(fields)
     for key in ("start_time", "end_time", "due_time"):

@@ -38,7 +38,7 @@ class WebhookNotFoundError(LookupError):
 JOB_EVENT_FIELDS = """jsonb_build_object(
             'project', {row}.project, 'spider', {row}.spider, 'job', {row}.job, 'node', {row}.node,
             'outcome', {row}.outcome, 'reason', {row}.reason, 'exit_code', {row}.exit_code,
-            'start_time', {row}.start_time, 'end_time', {row}.end_time, 'stats', NULL)"""
+            'start_time', {row}.start_time, 'end_time', {row}.end_time, 'stats', {row}.stats)"""
 
 
 def job_events(source: str) -> str:

@@ -43,6 +43,13 @@ COUNT_TREE_JOBS_WITH_EVENTS = COUNT_TREE_JOBS_ON_DATABASE_CLOCK.replace(_OLD_NOT
     _OLD_COMPLETION, _OLD_COMPLETION + "\n                tree.completion_job := completion;")
 
 
+def _pin_search_path() -> None:
+    """CREATE OR REPLACE drops the function's SET clauses: pinned again as 0010 pins every function (the schema
+    migrated, then pg_temp), so that a session's temporary tables are never the function's."""
+    op.execute("DO $$ BEGIN EXECUTE format('ALTER FUNCTION spider_tree_count() SET search_path = %I, pg_temp', "
+               "current_schema()); END $$")
+
+
 def upgrade() -> None:
     # The operator's hooks: a few rows. The secret is a column of its own (the node role reads it to sign; no list,
     # log, page or metric shows it). deliveries / failures: events delivered / given up after webhook_retry_hours.
@@ -79,9 +86,11 @@ def upgrade() -> None:
     op.create_index("webhook_event_due_idx", "webhook_event", ["due_time"])
     op.create_index("webhook_event_webhook_idx", "webhook_event", ["webhook_id"])
     op.execute(COUNT_TREE_JOBS_WITH_EVENTS)
+    _pin_search_path()
 
 
 def downgrade() -> None:
     op.execute(COUNT_TREE_JOBS_ON_DATABASE_CLOCK)
+    _pin_search_path()
     op.drop_table("webhook_event")
     op.drop_table("webhook")
