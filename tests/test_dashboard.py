@@ -83,7 +83,7 @@ def test_the_overview_reads_indexes_whatever_the_backlog(backlog_url):
     params = {"cap": COUNT_CAP, "spiders": overview.MAX_SPIDERS, "since": "2000-01-01"}
     with store.engine.connect() as connection:
         for name in ("PENDING_BY_SPIDER", "DELAYED_BY_SPIDER", "RUNNING_BY_SPIDER", "OUTCOMES_BY_SPIDER", "PER_MINUTE",
-                     "OLDEST_KEPT", "OLDEST_PENDING_AGE", "ANY_DELAYED"):
+                     "OLDEST_KEPT", "OLDEST_PENDING_AGE", "ANY_DELAYED", "ITEMS_BY_SPIDER"):
             plan = connection.execute(text("EXPLAIN " + getattr(overview, name).text), params).scalars().all()
             assert not any("Seq Scan on spider_job" in line for line in plan), (name, plan)
 

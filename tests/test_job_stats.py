@@ -8,6 +8,7 @@ import json
 import math
 
 from scrapyd_pgqueue.job_stats import MAX_LINE_BYTES, json_safe, stats_summary
+from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 
 
@@ -54,7 +55,12 @@ def test_messages_split_across_reads_are_joined_and_progress_is_stamped_when_it_
     assert crawl.finish_reason == crawl.stats["finish_reason"] == "finished" and crawl.dropped == 0
 
 
+def dropped() -> float:
+    return metrics.REGISTRY.get_sample_value("scrapyd_pgqueue_stats_lines_dropped_total")
+
+
 def test_a_line_over_the_limit_or_not_a_stats_message_is_dropped_and_counted():
+    dropped_before = dropped()
     crawl = CrawlStats("p", "s")
     crawl.receive(line("progress", {"item_scraped_count": 1}))
     huge = line("progress", {"item_scraped_count": 99, "padding": "x" * MAX_LINE_BYTES})
@@ -64,3 +70,4 @@ def test_a_line_over_the_limit_or_not_a_stats_message_is_dropped_and_counted():
     crawl.receive(b"not json\n" + b'{"event": "other", "stats": {}}\n' + b'["a list"]\n' + b"NaN\n")
     crawl.receive(line("progress", {"item_scraped_count": 4}))
     assert crawl.dropped == 5 and crawl.stats == {"item_scraped_count": 4}
+    assert dropped() - dropped_before == 5  # on /metrics

@@ -75,7 +75,7 @@ def test_a_job_event_body_has_every_key_and_the_log_url_listjobs_gives():
     assert body["finish_reason"] == "finished"
     assert body["stats"] == {"items": 3, "requests": 4, "errors": 2, "finish_reason": "finished"}
     text = slack_text(event_body(9, "failed", {**fields, "job": "<j&1>"}, "http://n2:6800/"))
-    assert "&lt;j&amp;1&gt;" in text and text.endswith("http://n2:6800/logs/p/s/<j&1>.log")
+    assert "&lt;j&amp;1&gt;" in text and text.endswith("http://n2:6800/logs/p/s/%3Cj%261%3E.log")  # quoted: a link that works
 
 
 # --- the outbox, in the transactions that cause events ------------------------------------------------------------

@@ -97,6 +97,7 @@ class CrawlStats:
 
     def drop(self, why: str) -> None:
         self.dropped += 1
+        metrics.STATS_LINES_DROPPED.inc()
         trouble.report(f"Dropped a line of the stats of a crawl of {self.project}/{self.spider}: {why}",
                        key="stats-line")
 

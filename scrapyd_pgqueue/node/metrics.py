@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 
 _NAMES = ("REGISTRY", "CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS",
-          "ITEMS_SCRAPED", "CRAWL_ERRORS", "WEBHOOK_DELIVERIES")
+          "ITEMS_SCRAPED", "CRAWL_ERRORS", "STATS_LINES_DROPPED", "WEBHOOK_DELIVERIES")
 _building = threading.Lock()  # the reactor and the web threads may count first at the same moment
 
 
@@ -61,6 +61,10 @@ def _build() -> dict:
         "CRAWL_ERRORS": Counter(
             "scrapyd_pgqueue_crawl_errors", "Log lines at ERROR or above of the crawls this node ran, by project and "
             "spider.", ["project", "spider"], registry=registry,
+        ),
+        "STATS_LINES_DROPPED": Counter(
+            "scrapyd_pgqueue_stats_lines_dropped", "Lines of the crawls' stats descriptors this node dropped: over "
+            "256 KiB, or not a stats message.", registry=registry,
         ),
         "WEBHOOK_DELIVERIES": Counter(
             "scrapyd_pgqueue_webhook_deliveries", "Webhook deliveries this node attempted, by outcome (delivered; "

@@ -65,7 +65,7 @@ REQUEUE_DEAD = text(f"""
         UPDATE spider_job AS j
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
             pid = NULL, start_time = NULL, end_time = NULL, run_at = now(), failures = 0, created_time = now(),
-            cancel_requested = false, cancel_requests = 0, cancel_signal = NULL,
+            cancel_requested = false, cancel_requests = 0, cancel_signal = NULL, stats = NULL,
             unique_key = {KEY_UNLESS_TAKEN.format(row="j")}
         WHERE status = 'terminated' AND outcome = 'dead' AND message IS NOT NULL
           AND (CAST(:project AS text) IS NULL OR project = :project)
@@ -138,7 +138,7 @@ REQUEUE = text(f"""
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
             pid = NULL, start_time = NULL, end_time = NULL, created_time = now(), run_at = now(),
             unique_key = {KEY_UNLESS_TAKEN.format(row="j")},
-            cancel_requested = false, cancel_requests = 0, cancel_signal = NULL
+            cancel_requested = false, cancel_requests = 0, cancel_signal = NULL, stats = NULL
         FROM target
         WHERE j.id = target.id
         RETURNING j.id, j.project
