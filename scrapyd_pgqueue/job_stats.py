@@ -5,6 +5,9 @@ The crawl (``stats_extension.py``) writes one JSON object per line on descriptor
 
 * ``{"event": "opened", "stats": {...}}`` when the spider opens;
 * ``{"event": "progress", "stats": {...}}`` every ``stats_interval`` seconds;
+* ``{"event": "counts", "stats": {...}}`` within ``COUNTS_SECONDS`` of a change of its requests, responses or items
+  between two of those: the summary's keys alone, which the node merges into the stats it has (so a watchdog sees
+  progress within a second, whatever ``stats_interval`` is);
 * ``{"event": "closed", "reason": R, "stats": {...}}`` when the spider closes (and again, with what the closing
   added, when the engine stops).
 
@@ -21,6 +24,8 @@ from typing import Any
 STATS_FD = 3  # the crawl's descriptor for its stats, after stdin, stdout and stderr
 # Set by the node in each crawl's environment: seconds between two progress messages.
 INTERVAL_VARIABLE = "SCRAPYD_PGQUEUE_STATS_INTERVAL"
+# Seconds between two looks of the crawl at its counts (a "counts" message when they changed).
+COUNTS_SECONDS = 1.0
 # A line longer than this is not sent (the crawl sends the summary's keys instead) nor read (the node drops it).
 MAX_LINE_BYTES = 256 * 1024
 MAX_DEPTH = 8  # nesting kept in a stats value; deeper parts become their text

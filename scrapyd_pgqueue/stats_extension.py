@@ -14,9 +14,11 @@ import json
 import logging
 import os
 import stat
+import time
 
 from scrapyd_pgqueue.job_stats import (
-    FINISH_REASON, INTERVAL_VARIABLE, MAX_LINE_BYTES, STATS_FD, json_safe, summary_only,
+    COUNTS_SECONDS, FINISH_REASON, INTERVAL_VARIABLE, ITEMS, MAX_LINE_BYTES, REQUESTS, RESPONSES, STATS_FD, json_safe,
+    summary_only,
 )
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,9 @@ def channel() -> Channel | None:
 
 
 class ReportStats:
-    """Sends the crawl's stats when the spider opens, every ``interval`` seconds, and when it closes."""
+    """Sends the crawl's stats when the spider opens, every ``interval`` seconds, and when it closes; in between,
+    its counts alone within ``COUNTS_SECONDS`` of a change (a watchdog's stall timeout may be shorter than the
+    interval)."""
 
     def __init__(self, crawler, out: Channel, interval: float):
         self.stats = crawler.stats
@@ -84,6 +88,8 @@ class ReportStats:
         self.task = None
         self.reason: str | None = None
         self.truncated = 0
+        self.sent_at = time.monotonic()
+        self.sent_counts: tuple = ()
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -105,8 +111,21 @@ class ReportStats:
 
     def spider_opened(self, spider=None) -> None:
         self.send("opened")
-        self.task = looping_call(self.send, "progress")
-        self.task.start(self.interval, now=False)
+        self.task = looping_call(self.look)
+        self.task.start(min(self.interval, COUNTS_SECONDS), now=False)
+
+    def counts(self) -> tuple:
+        stats = self.stats.get_stats()
+        return tuple(stats.get(key, 0) for key in (REQUESTS, RESPONSES, ITEMS))
+
+    def look(self) -> None:
+        """The whole stats once ``interval`` has passed since the last send; before, the counts when they changed."""
+        if time.monotonic() - self.sent_at >= self.interval:
+            self.send("progress")
+        elif self.counts() != self.sent_counts:
+            self.sent_counts = self.counts()
+            self.out.send(json.dumps({"event": "counts", "stats": summary_only(json_safe(self.stats.get_stats()))},
+                                     separators=(",", ":"), allow_nan=False).encode() + b"\n")
 
     def spider_closed(self, spider=None, reason: str = "finished") -> None:
         if self.task is not None and self.task.running:
@@ -120,6 +139,7 @@ class ReportStats:
             self.send("closed")
 
     def send(self, event: str) -> None:
+        self.sent_at, self.sent_counts = time.monotonic(), self.counts()
         stats = json_safe(self.stats.get_stats())
         message = {"event": event, "stats": stats}
         if self.reason is not None:

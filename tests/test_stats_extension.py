@@ -48,3 +48,29 @@ def test_a_node_that_is_gone_costs_the_crawl_nothing():
     os.close(read)
     extension.send("progress")  # EPIPE: no exception, nothing more is tried
     assert not extension.out.open
+
+
+def test_between_two_whole_sends_a_change_of_the_counts_is_sent_alone():
+    stats = {"item_scraped_count": 1, "downloader/request_count": 2, "memusage/max": 10**8}
+    extension, read = extension_on_a_pipe(stats)
+    extension.send("opened")
+    os.read(read, 65536)
+    extension.look()  # nothing changed, the interval (30 s) not passed: nothing sent
+    stats["item_scraped_count"] = 2
+    extension.look()
+    assert json.loads(os.read(read, 65536)) == {"event": "counts", "stats": {
+        "item_scraped_count": 2, "downloader/request_count": 2}}
+    os.set_blocking(read, False)
+    extension.look()  # sent already
+    assert _nothing_to_read(read)
+    extension.sent_at -= 30  # the interval passed: the whole stats
+    extension.look()
+    assert json.loads(os.read(read, 65536))["stats"]["memusage/max"] == 10**8
+
+
+def _nothing_to_read(fd: int) -> bool:
+    try:
+        os.read(fd, 1)
+    except BlockingIOError:
+        return True
+    return False

@@ -28,7 +28,7 @@ from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
 trouble = ThrottledLog(lambda message: log.warn("{message}", message=message))
-EVENTS = ("opened", "progress", "closed")
+EVENTS = ("opened", "progress", "counts", "closed")
 
 
 class CrawlStats:
@@ -74,6 +74,8 @@ class CrawlStats:
                 message.get("stats"), dict):
             return self.drop("not a stats message")
         stats = json_safe(message["stats"])  # as Postgres's jsonb takes it: one bad value must not fail the tick
+        if message["event"] == "counts":  # the summary's keys alone: merged into the whole stats the node has
+            stats = {**(self.stats or {}), **stats}
         now = time.monotonic()
         if message["event"] == "opened" and self.opened_at is None:
             self.opened_at = now
