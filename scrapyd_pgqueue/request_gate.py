@@ -2,8 +2,8 @@
 
 ``refusal`` answers three questions, in this order:
 
-- **Authenticated?** With Scrapyd's ``username`` and ``password`` set, a request without them (or with the read-only
-  pair) is answered 401 exactly as Scrapyd's own ``HTTPAuthSessionWrapper`` answers it, which this replaces.
+- **Authenticated?** With Scrapyd's ``username`` and ``password`` set, a request without them or the read-only pair
+  is answered 401 exactly as Scrapyd's own ``HTTPAuthSessionWrapper`` answers it, which this replaces.
 - **From a browser on another site?** A request that writes (any method but GET, HEAD and OPTIONS) carrying
   ``Sec-Fetch-Site: cross-site`` or ``same-site``, or an ``Origin`` that is not the node's own, is refused: a page
   elsewhere must not make an operator's browser (which holds the Basic credentials of ``/jobs``) schedule or deploy.
@@ -20,7 +20,7 @@ import binascii
 import hmac
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote_to_bytes
 
 from scrapyd_pgqueue.config import ConfigurationError
@@ -43,8 +43,8 @@ CHALLENGE = b'basic realm="Scrapyd"'
 class Credentials:
     """The node's Basic credentials (None: Scrapyd asks for none), and the optional read-only pair."""
 
-    full: tuple[bytes, bytes] | None
-    read_only: tuple[bytes, bytes] | None = None
+    full: tuple[bytes, bytes] | None = field(repr=False)  # passwords: never in a log line
+    read_only: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, config) -> Credentials:
