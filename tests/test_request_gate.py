@@ -169,6 +169,15 @@ def test_the_401_is_scrapyds_and_the_right_credentials_are_served(node):
         assert "deployed" in answer["projects"], answer
 
 
+def test_a_client_expecting_100_continue_gets_the_401_instead_and_need_not_send_its_body(node):
+    with socket.create_connection(("127.0.0.1", node.port), timeout=30) as connection:
+        connection.sendall(f"POST /addversion.json HTTP/1.1\r\nHost: 127.0.0.1:{node.port}\r\n"
+                           f"Content-Length: {UPLOAD_BYTES}\r\nExpect: 100-continue\r\n\r\n".encode())
+        answer = connection.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer  # no "100 Continue" before it
+    assert b"\r\nConnection: close\r\n" in answer
+
+
 # --- the read-only credential ----------------------------------------------------------------------------------
 
 
