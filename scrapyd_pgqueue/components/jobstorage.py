@@ -146,4 +146,3 @@ class PostgresJobStorage:
                 exit_code=row.exit_code,
                 reason=row.reason,
             )
-
