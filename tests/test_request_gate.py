@@ -182,7 +182,8 @@ def test_a_client_expecting_100_continue_gets_the_401_instead_and_need_not_send_
 
 
 @pytest.mark.parametrize("path", [
-    "", "jobs", "dashboard", "metrics", "logs/", "logs/deployed/quotes/done.log", "daemonstatus.json", "alive.json", "listjobs.json",
+    "", "jobs", "dashboard", "metrics", "logs/", "logs/deployed/quotes/done.log", "daemonstatus.json", "alive.json",
+    "listjobs.json",
     "listjobs.json?project=deployed", "status.json?job=nothing", "listprojects.json",
     "listversions.json?project=deployed", "listperiodic.json",
 ])
