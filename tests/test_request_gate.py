@@ -13,6 +13,8 @@ import time
 import pytest
 import requests
 from scrapyd.config import Config
+from scrapyd_api import ScrapydAPI
+from scrapyd_client.pyclient import ScrapydClient
 from twisted.web.http_headers import Headers
 
 from scrapyd_pgqueue.config import ConfigurationError
@@ -176,6 +178,18 @@ def test_a_client_expecting_100_continue_gets_the_401_instead_and_need_not_send_
         answer = connection.recv(65536)
     assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer  # no "100 Continue" before it
     assert b"\r\nConnection: close\r\n" in answer
+
+
+def test_scrapyds_clients_deploy_schedule_and_read_with_the_credentials(node, database, egg):
+    api = ScrapydAPI(node.url.rstrip("/"), auth=FULL)
+    assert api.add_version("clients", "1", egg.read_bytes()) == 2  # spiders in the egg
+    job = api.schedule("clients", "quotes", jobid="by-client")
+    assert job == "by-client"
+    assert query(database[1], "SELECT project FROM spider_job WHERE job = 'by-client'") == [("clients",)]
+    # (ScrapydClient appends "/listjobs.json" to the URL itself: give it none of its own.)
+    viewer = ScrapydClient(node.url.rstrip("/"), *READ_ONLY)
+    assert "by-client" in [pending["id"] for pending in viewer.jobs("clients")["pending"]]
+    assert "clients" in viewer.projects()
 
 
 # --- the read-only credential ----------------------------------------------------------------------------------
