@@ -2,8 +2,8 @@
 
 ``refusal`` answers three questions, in this order:
 
-- **Authenticated?** With Scrapyd's ``username`` and ``password`` set, a request without them (or with the read-only
-  pair) is answered 401 exactly as Scrapyd's own ``HTTPAuthSessionWrapper`` answers it, which this replaces.
+- **Authenticated?** With Scrapyd's ``username`` and ``password`` set, a request without them or the read-only pair
+  is answered 401 exactly as Scrapyd's own ``HTTPAuthSessionWrapper`` answers it, which this replaces.
 - **From a browser on another site?** A request that writes (any method but GET, HEAD and OPTIONS) carrying
   ``Sec-Fetch-Site: cross-site`` or ``same-site``, or an ``Origin`` that is not the node's own, is refused: a page
   elsewhere must not make an operator's browser (which holds the Basic credentials of ``/jobs``) schedule or deploy.
@@ -16,12 +16,11 @@ Pure functions over bytes: no Twisted here, so the rules are tested alone too.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hmac
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote_to_bytes
 
 from scrapyd_pgqueue.config import ConfigurationError
@@ -44,8 +43,8 @@ CHALLENGE = b'basic realm="Scrapyd"'
 class Credentials:
     """The node's Basic credentials (None: Scrapyd asks for none), and the optional read-only pair."""
 
-    full: tuple[bytes, bytes] | None
-    read_only: tuple[bytes, bytes] | None = None
+    full: tuple[bytes, bytes] | None = field(repr=False)  # passwords: never in a log line
+    read_only: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, config) -> Credentials:
@@ -86,9 +85,9 @@ def basic_pair(authorization: bytes | None) -> tuple[bytes, bytes] | None:
     scheme, _, token = authorization.strip().partition(b" ")
     if scheme.lower() != b"basic":
         return None
-    try:
-        username, separator, password = base64.b64decode(token.strip(), validate=True).partition(b":")
-    except (binascii.Error, ValueError):
+    try:  # as Twisted's BasicCredentialFactory decodes it (padding optional)
+        username, separator, password = binascii.a2b_base64(token.strip() + b"===").partition(b":")
+    except binascii.Error:
         return None
     return (username, password) if separator else None
 

@@ -20,7 +20,6 @@ answered with Scrapyd's JSON error too, with HTTP 400 (``JsonErrorChannel``). Ev
 
 from __future__ import annotations
 
-import json
 from urllib.parse import unquote_to_bytes
 
 from twisted.application.service import IServiceCollection
@@ -66,7 +65,7 @@ class _BodyTooLarge(resource.Resource):
 
     def __init__(self, node_name: str, message: str):
         super().__init__()
-        self.answer = json.dumps({"node_name": node_name, "status": "error", "message": message}).encode() + b"\n"
+        self.answer = request_gate.json_error(node_name, message)
 
     def render(self, request):
         request.setHeader(b"Content-Type", b"application/json")

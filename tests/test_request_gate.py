@@ -13,6 +13,8 @@ import time
 import pytest
 import requests
 from scrapyd.config import Config
+from scrapyd_api import ScrapydAPI
+from scrapyd_client.pyclient import ScrapydClient
 from twisted.web.http_headers import Headers
 
 from scrapyd_pgqueue.config import ConfigurationError
@@ -169,11 +171,33 @@ def test_the_401_is_scrapyds_and_the_right_credentials_are_served(node):
         assert "deployed" in answer["projects"], answer
 
 
+def test_a_client_expecting_100_continue_gets_the_401_instead_and_need_not_send_its_body(node):
+    with socket.create_connection(("127.0.0.1", node.port), timeout=30) as connection:
+        connection.sendall(f"POST /addversion.json HTTP/1.1\r\nHost: 127.0.0.1:{node.port}\r\n"
+                           f"Content-Length: {UPLOAD_BYTES}\r\nExpect: 100-continue\r\n\r\n".encode())
+        answer = connection.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer  # no "100 Continue" before it
+    assert b"\r\nConnection: close\r\n" in answer
+
+
+def test_scrapyds_clients_deploy_schedule_and_read_with_the_credentials(node, database, egg):
+    api = ScrapydAPI(node.url.rstrip("/"), auth=FULL)
+    assert api.add_version("clients", "1", egg.read_bytes()) == 2  # spiders in the egg
+    job = api.schedule("clients", "quotes", jobid="by-client")
+    assert job == "by-client"
+    assert query(database[1], "SELECT project FROM spider_job WHERE job = 'by-client'") == [("clients",)]
+    # (ScrapydClient appends "/listjobs.json" to the URL itself: give it none of its own.)
+    viewer = ScrapydClient(node.url.rstrip("/"), *READ_ONLY)
+    assert "by-client" in [pending["id"] for pending in viewer.jobs("clients")["pending"]]
+    assert "clients" in viewer.projects()
+
+
 # --- the read-only credential ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", [
-    "", "jobs", "dashboard", "metrics", "logs/", "logs/deployed/quotes/done.log", "daemonstatus.json", "alive.json", "listjobs.json",
+    "", "jobs", "dashboard", "metrics", "logs/", "logs/deployed/quotes/done.log", "daemonstatus.json", "alive.json",
+    "listjobs.json",
     "listjobs.json?project=deployed", "status.json?job=nothing", "listprojects.json",
     "listversions.json?project=deployed", "listperiodic.json",
 ])
@@ -264,6 +288,7 @@ def test_without_credentials_configured_every_request_is_authenticated_but_cross
 
 @pytest.mark.parametrize("value, expected", [
     (basic("a", "b:c"), (b"a", b"b:c")), ("basic " + base64.b64encode(b"a:").decode(), (b"a", b"")),
+    ("Basic " + base64.b64encode(b"ab:c").decode().rstrip("="), (b"ab", b"c")),  # padding left out, as Twisted
     ("Bearer abc", None), ("Basic !!!", None), ("Basic " + base64.b64encode(b"no-colon").decode(), None), ("", None),
 ])
 def test_basic_pairs_are_read_as_rfc_7617_says(value, expected):

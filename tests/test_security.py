@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+import requests
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue import db
@@ -211,12 +212,12 @@ def test_a_node_whose_role_is_a_superuser_warns_once_at_start_up(database_url, s
 
 def test_a_spider_that_replaces_its_log_with_a_fifo_delays_no_finish(database_url, start_cluster, tmp_path):
     [node] = start_cluster(database_url, 1, base_config=INTRUDER_CONFIG, max_proc="1").nodes
-    answer = node.post("schedule.json", project="intruder", spider="fifo_log", jobid="fifo")
+    answer = node.post("schedule.json", project="intruder", spider="log_swap", jobid="fifo")
     assert answer["status"] == "ok", answer
     wait_for(lambda: jobs(database_url, "fifo")["fifo"][:2] == ("terminated", "finished"), 60,
              "the probe's own finish")
-    [record] = [json.loads(line) for line in (tmp_path / "records" / "fifos.jsonl").read_text().splitlines()]
-    assert stat.S_ISFIFO(os.lstat(record["fifo"]).st_mode)  # still there: the node read nothing from it
+    [record] = swapped_logs(tmp_path)
+    assert stat.S_ISFIFO(os.lstat(record["path"]).st_mode)  # still there: the node read nothing from it
 
     schedule(node, "after", spider="quotes")
     wait_for(lambda: jobs(database_url, "after")["after"][:2] == ("terminated", "finished"), 60,
@@ -369,3 +370,24 @@ def test_behind_pgbouncer_a_session_s_set_and_temporary_table_never_reach_anothe
         return (timeout, temporary) if pid == server else None
 
     assert wait_for(on_the_same_server, 10, "a transaction on the first client's server connection") == ("0", False)
+
+
+def test_a_spider_that_links_its_log_to_a_node_s_file_gets_it_neither_stored_nor_served(database_url, start_cluster,
+                                                                                        tmp_path):
+    secret = tmp_path / "node-only.conf"
+    secret.write_text("password = node-file-s3cret\n")
+    [node] = start_cluster(database_url, 1, base_config=INTRUDER_CONFIG).nodes
+    answer = node.post("schedule.json", project="intruder", spider="log_swap", jobid="link", link=str(secret))
+    assert answer["status"] == "ok", answer
+    wait_for(lambda: jobs(database_url, "link")["link"][:2] == ("terminated", "finished"), 60, "the probe's finish")
+    [record] = swapped_logs(tmp_path)
+    assert os.path.islink(record["path"])
+    assert query(database_url, "SELECT count(*) FROM job_log") == [(0,)]
+    served = requests.get(f"{node.url}logs/intruder/log_swap/link.log", timeout=30)
+    assert served.status_code == 404 and "s3cret" not in served.text
+
+
+def swapped_logs(tmp_path) -> list[dict]:
+    """What the log_swap probes put in place of their logs."""
+    return [json.loads(line) for line in (tmp_path / "records" / "swapped_logs.jsonl").read_text().splitlines()]
+

@@ -147,4 +147,3 @@ class PostgresJobStorage:
                 exit_code=row.exit_code,
                 reason=row.reason,
             )
-

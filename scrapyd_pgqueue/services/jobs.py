@@ -27,7 +27,6 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue import offload
 from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.log_files import is_inside, open_log
 from scrapyd_pgqueue.job_requests import (
     MAX_BATCH_JOBS,
     OPTION_FIELDS,
@@ -37,6 +36,7 @@ from scrapyd_pgqueue.job_requests import (
     options_from_fields,
 )
 from scrapyd_pgqueue.job_stats import stats_summary
+from scrapyd_pgqueue.log_files import is_inside, open_log
 from scrapyd_pgqueue.node import metrics
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree

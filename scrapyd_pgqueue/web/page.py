@@ -32,12 +32,13 @@ STYLE = """
 
 # Scrapyd's "Are you sure?" on the Cancel buttons of /jobs: the one script of any page, allowed by its hash alone.
 CANCEL_CONFIRM = "return confirm('Are you sure?');"
+_CANCEL_CONFIRM_HASH = base64.b64encode(hashlib.sha256(CANCEL_CONFIRM.encode()).digest()).decode()
 # Every response's Content-Security-Policy: pages are server-rendered HTML and SVG with inline styles, and forms
 # that post to this node.
 POLICY = (
     "default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-    f"script-src 'unsafe-hashes' 'sha256-{base64.b64encode(hashlib.sha256(CANCEL_CONFIRM.encode()).digest()).decode()}'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    f"script-src 'unsafe-hashes' 'sha256-{_CANCEL_CONFIRM_HASH}'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"
 )
 # A forwarded prefix (prefix_header, X-Forwarded-Prefix) the pages put before their links: a path of safe characters.
 SAFE_PREFIX = re.compile(r"(?:/[A-Za-z0-9._~-]+)*/?")
