@@ -23,7 +23,7 @@ from zope.interface.verify import verifyObject
 
 from scrapyd_pgqueue import PostgresEggStorage
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT
-from scrapyd_pgqueue.store import PROJECTS_CHANNEL
+from scrapyd_pgqueue.store import PROJECTS_CHANNEL, JobStore
 from helpers import node_role, query, runs_of, wait_for
 
 
@@ -289,3 +289,18 @@ def test_an_egg_altered_in_the_database_is_refused_and_its_code_never_runs(
     assert not cached.exists()
     log = node.logfile.read_text()
     assert log.count(f"Refused the egg of project deployed version 1 (row id {egg_id})") == 1  # once, not per job
+
+
+def test_a_job_whose_egg_its_node_cannot_keep_fails_with_the_reason(database_url, start_cluster, storage, egg,
+                                                                    tmp_path):
+    """A crawl cannot look its egg up itself (it holds no database URL): its job fails, saying why."""
+    (tmp_path / "not-a-directory").write_text("")
+    (node,) = start_cluster(database_url, 1, eggs_dir=str(tmp_path / "not-a-directory" / "eggs")).nodes
+    storage.put(io.BytesIO(egg.read_bytes()), "deployed", "1")
+    JobStore.for_url(database_url).enqueue("deployed", {"name": "sleeper", "_job": "eggless"})
+    wait_for(lambda: query(database_url, "SELECT status FROM spider_job WHERE job = 'eggless'") == [("terminated",)],
+             30, "the job to end")
+    [(outcome, reason)] = query(database_url, "SELECT outcome, reason FROM spider_job WHERE job = 'eggless'")
+    assert outcome == "failed"
+    assert reason.startswith("could not start the crawl: EggNotKept: could not fetch the egg of project deployed: ")
+    assert "Not a directory" in reason

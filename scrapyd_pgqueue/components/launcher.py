@@ -32,6 +32,7 @@ import time
 from twisted.application.internet import TimerService
 from twisted.internet import defer, error, reactor, task, threads
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller
 from scrapyd.launcher import Launcher, ScrapyProcessProtocol, get_crawl_args
@@ -54,6 +55,10 @@ from scrapyd_pgqueue.store import JobStore, WatchdogLimits
 from scrapyd_pgqueue.throttled_log import ThrottledLog
 
 log = Logger()
+
+class EggNotKept(RuntimeError):
+    """The node could not keep a job's egg as a file; its crawl would have no code to run."""
+
 
 # Seconds a stopping node waits for killed crawls to end, and for buffered finishes to be written.
 KILL_WAIT = 5.0
@@ -316,19 +321,21 @@ class PostgresLauncher(Launcher):
         )
 
     def _egg_not_fetched(self, failure, message, slot, claimed):
-        """A crawl cannot fetch its egg itself (it holds no database URL): its job goes back to the queue. An egg
-        altered in the database is refused: its job fails (_spawn_crawl), nothing runs it."""
-        if failure.check(EggRefused):
-            return self._spawn_crawl(failure.value, message, slot, claimed)
-        log.error("Could not fetch the egg of project {project} for job {job}, handing the job back: {error}",
-                  project=message["_project"], job=message["_job"], error=failure.getErrorMessage())
-        if self.stopping:
-            if claimed is not None:
-                self.unstarted.append(claimed)
+        """A crawl cannot fetch its egg itself (it holds no database URL): a job whose egg the database could not give
+        goes back to the queue; one whose egg is refused (altered in the database) or could not be kept (a full
+        disk) fails, with the reason, and nothing runs it."""
+        from scrapyd_pgqueue.db import DatabaseError
+
+        if self.stopping and claimed is not None:
+            self.unstarted.append(claimed)
             return
-        if claimed is not None:
+        if failure.check(DatabaseError) and claimed is not None:
+            log.error("Could not fetch the egg of project {project} for job {job}, handing the job back: {error}",
+                      project=message["_project"], job=message["_job"], error=failure.getErrorMessage())
             self.lease_lost_claims.append(claimed)  # handed back once the database answers
-        self._get_message(slot)
+            self._get_message(slot)
+            return
+        self._spawn_crawl(failure, message, slot, claimed)  # recorded as a crawl that could not start
 
     def _spawn_crawl(self, egg, message, slot, claimed):
         if self.stopping:  # the stop began while the egg was fetched
@@ -341,8 +348,10 @@ class PostgresLauncher(Launcher):
         process.on_started = self.crawl_started
         process.crawl_stats = CrawlStats(project, message["_spider"])
         try:
-            if isinstance(egg, EggRefused):
-                raise egg
+            if isinstance(egg, Failure):
+                if egg.check(EggRefused):
+                    raise egg.value
+                raise EggNotKept(f"could not fetch the egg of project {project}: {egg.getErrorMessage()}")
             environment = self.app.getComponent(IEnvironment)
             message.setdefault("settings", {})
             message["settings"].update(environment.get_settings(message))
