@@ -312,6 +312,10 @@ OUT_OF_RANGE = {
     "_delay 1e400": (SCHEDULE, BASE + [("_delay", "1e400")], "delay must be a finite number"),
     "_retries past bigint": (SCHEDULE, BASE + [("_retries", BEYOND_BIGINT)], "retries must be between 0 and 30"),
     "_retry_delay past bigint": (SCHEDULE, BASE + [("_retry_delay", BEYOND_BIGINT)], "retry_delay must be"),
+    "_max_runtime past bigint": (SCHEDULE, BASE + [("_max_runtime", BEYOND_BIGINT)], "max_runtime must be more than"),
+    "_stall_timeout 1e400": (SCHEDULE, BASE + [("_stall_timeout", "1e400")], "stall_timeout must be a finite number"),
+    "periodic _max_runtime 0": (PERIODIC, BASE + [("name", "bounded"), ("every", "60"), ("_max_runtime", "0")],
+                                "max_runtime must be more than 0"),
     "periodic priority past bigint": (PERIODIC, BASE + [("name", "big"), ("every", "60"), ("priority", BEYOND_BIGINT)],
                                       "priority must be between"),
     "periodic every 1e300": (PERIODIC, BASE + [("name", "long"), ("every", "1e300")], "every must be at most"),
@@ -352,6 +356,8 @@ def test_numbers_out_of_range_are_bad_input_not_a_database_outage(case, node, qu
     ({"spider": "sleeper", "run_at": 1e300}, "run_at must be between 1970-01-01"),
     ({"spider": "sleeper", "delay": 10**400}, "delay must be a finite number"),
     ({"spider": "sleeper", "retries": 2**63}, "retries must be between 0 and 30"),
+    ({"spider": "sleeper", "max_runtime": 10**400}, "max_runtime must be a finite number"),
+    ({"spider": "sleeper", "stall_timeout": -1}, "stall_timeout must be more than 0"),
 ])
 def test_a_batch_refuses_numbers_out_of_range(job, expected, node, queued, queue_database):
     before, errors = table(queue_database), database_errors(node)

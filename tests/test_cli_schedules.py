@@ -36,7 +36,7 @@ def test_periodic_add_list_pause_resume_remove(command):
                              "DOWNLOAD_DELAY=2", "--priority", "5", "--json")
     assert code == 0 and added["name"] == "nightly" and added["next_fire_time"].endswith("+00:00")
     assert command("periodic", "add", "tick", "--project", "shop", "--spider", "stock", "--every", "30",
-                   "--overlap", "queue")[0] == 0
+                   "--overlap", "queue", "--max-runtime", "20", "--stall-timeout", "10")[0] == 0
 
     code, listed, _ = command("periodic", "list", "--json")
     nightly, tick = listed["periodic"]
@@ -46,6 +46,7 @@ def test_periodic_add_list_pause_resume_remove(command):
     assert nightly["args"] == {"day": "monday"} and nightly["settings"] == {"DOWNLOAD_DELAY": "2"}
     assert (nightly["priority"], nightly["overlap"], nightly["paused"], nightly["fired"]) == (5.0, "skip", False, 0)
     assert (tick["every_seconds"], tick["overlap"]) == (30.0, "queue")
+    assert (tick["max_runtime"], tick["stall_timeout"], nightly["max_runtime"]) == (20.0, 10.0, None)
     code, table, _ = command("periodic", "list", "--project", "shop")
     assert "Periodic jobs: 2" in table and "cron '0 3 * * *' Europe/Paris" in table and "every 30s" in table
 
@@ -67,6 +68,7 @@ def test_periodic_add_list_pause_resume_remove(command):
         (["--every", "5", "-a", "page"], "-a must be NAME=VALUE"),
         (["--every", "5", "-a", "_job=mine"], "'_job' is reserved"),
         (["--every", "5", "-s", "=1"], "-s must be NAME=VALUE"),
+        (["--every", "5", "--max-runtime", "0"], "max_runtime must be more than 0"),
     ],
 )
 def test_periodic_add_refuses_what_cannot_fire_and_says_why(command, args, message):
@@ -118,7 +120,7 @@ def test_periodic_jobs_over_http_in_scrapyd_style(database, start_cluster, tmp_p
     url, admin_url = database
     [node] = start_cluster(url, 1).nodes
     added = node.post("addperiodic.json", name="soon", project="example", spider="sleeper", every="2",
-                      priority="1", setting=["DOWNLOAD_DELAY=0"], tag="http")
+                      priority="1", setting=["DOWNLOAD_DELAY=0"], tag="http", _max_runtime="60")
     assert added["status"] == "ok" and added["name"] == "soon", added
     [run] = wait_for(lambda: [r for r in runs(tmp_path) if r["args"].get("tag") == "http"], 30, "its first firing")
     assert set(run["args"]) == {"tag", "_job"}  # the periodic job's own fields never reach the spider
@@ -128,6 +130,7 @@ def test_periodic_jobs_over_http_in_scrapyd_style(database, start_cluster, tmp_p
     assert (listed["name"], listed["every"], listed["paused"], listed["settings"]) == (
         "soon", 2.0, True, {"DOWNLOAD_DELAY": "0"}
     )
+    assert query(admin_url, "SELECT DISTINCT max_runtime FROM spider_job WHERE periodic = 'soon'") == [(60.0,)]
     assert listed["fired"] >= 1 and listed["last_job"] and listed["next_fire_time"].endswith("+00:00")
     assert node.post("resumeperiodic.json", name="soon")["paused"] is False
     assert node.post("delperiodic.json", name="soon")["status"] == "ok"

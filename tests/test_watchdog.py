@@ -169,7 +169,7 @@ def test_a_crawl_that_ignores_sigint_and_sigterm_is_killed_cancel_timeout_after_
 
 
 def test_a_crawl_with_no_progress_ends_stalled(database, start_cluster, tmp_path):
-    """Needs the stats channel (progress_at)."""
+    """Needs the stats channel (progress_at), reporting a crawl's progress more often than its _stall_timeout."""
     url, admin_url = database
     [node] = start_cluster(url, 1, max_proc="2", cancel_timeout="3").nodes
     schedule(node, "stuck", seconds="60", _stall_timeout="3")  # a sleeper: one response, then a minute of nothing

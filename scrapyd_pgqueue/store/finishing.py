@@ -46,7 +46,8 @@ _END_OR_RETRY = f"""
 """
 
 # Record the crawl's pid once it is spawned; only while this claim still owns the job. Returns the job's watchdog
-# limits (NULL: the node's), which the node learns here rather than in the claim.
+# limits (NULL: the node's): learnt here, milliseconds after the spawn, the claim function and its plan stay as they
+# are, and no statement is added.
 MARK_STARTED = text("""
     UPDATE spider_job SET pid = :pid, start_time = :start_time
     WHERE id = :id AND status = 'ongoing' AND worker = :worker AND attempts = :attempt
