@@ -22,6 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 STATS_FD = 3  # the crawl's descriptor for its stats, after stdin, stdout and stderr
+# The runner that adds the stats extension to a spawned crawl (runner.py; a warm process adds it itself): a crawl
+# spawned by another runner reports nothing, not even its spider's opening.
+REPORTING_RUNNER = "scrapyd_pgqueue.runner"
 # Set by the node in each crawl's environment: seconds between two progress messages.
 INTERVAL_VARIABLE = "SCRAPYD_PGQUEUE_STATS_INTERVAL"
 # Seconds between two looks of the crawl at its counts (a "counts" message when they changed).

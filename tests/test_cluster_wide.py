@@ -173,7 +173,8 @@ def test_every_node_reports_a_job_identically_while_pending_running_and_finished
     assert running[0] == running[1] == running[2]
     assert running[0]["status"]["currstate"] == "running"
     assert running_entry["node_name"] == "node2"
-    assert set(running_entry) == {"id", "project", "spider", "pid", "start_time", "log_url", "items_url", "node_name"}
+    assert set(running_entry) == {"id", "project", "spider", "pid", "start_time", "log_url", "items_url", "node_name",
+                                  "items", "requests", "errors", "finish_reason"}  # Scrapyd's keys, then ours
     assert running_entry["log_url"] == f"/logs/example/sleeper/{job}.log"
     assert pid_alive(running_entry["pid"])
     assert ScrapydAPI(node1.url).job_status("example", job) == "running"

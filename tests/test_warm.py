@@ -193,30 +193,30 @@ def test_killing_the_warm_process_mid_crawl_loses_no_job(database_url, start_clu
         os.kill(runs[0]["pid"], 0)  # the first crawl died with its warm process
 
 
-def test_a_project_that_installs_a_reactor_on_import_is_spawned_cold(database_url, start_cluster, tmp_path, records):
+# What a project's import does that a fork would share with every crawl, and the reason the node logs for it. A
+# thread started with ``_thread`` is not in ``threading.active_count()``; the kernel (/proc/self/task) counts it.
+UNSAFE_IMPORTS = {
+    "a reactor": ("from twisted.internet import reactor",
+                  'TWISTED_REACTOR = "twisted.internet.epollreactor.EPollReactor"\n',  # the one its import installs
+                  "importing the project installs a Twisted reactor"),
+    "a low-level thread": ("import _thread, time\n_thread.start_new_thread(time.sleep, (3600,))", None,
+                           "importing the project starts 1 threads"),
+}
+
+
+@pytest.mark.parametrize("unsafe", UNSAFE_IMPORTS)
+def test_a_project_whose_import_would_be_unsafe_to_fork_is_spawned_cold(
+        database_url, start_cluster, tmp_path, records, unsafe):
+    top, settings, why = UNSAFE_IMPORTS[unsafe]
     (node,) = start_cluster(database_url, 1, **WARM).nodes
-    epoll = 'TWISTED_REACTOR = "twisted.internet.epollreactor.EPollReactor"\n'  # the one its import installs
-    deploy(node, build_egg(tmp_path, top="from twisted.internet import reactor", settings=epoll))
+    deploy(node, build_egg(tmp_path, top=top, **({"settings": settings} if settings else {})))
     for job in ("cold1", "cold2"):
         node.post("schedule.json", project=PROJECT, spider="probe", jobid=job)
         finished(database_url, job)
         assert probe_of(records, job)["ppid"] == node.process.pid  # spawned by the node itself
-    reason = f"Project {PROJECT} is spawned cold: importing the project installs a Twisted reactor"
+    reason = f"Project {PROJECT} is spawned cold: {why}"
     wait_for(lambda: node.logfile.read_text().count(reason), 30, "the reason in the log")
     assert node.logfile.read_text().count(reason) == 1
-
-
-def test_a_project_that_starts_a_low_level_thread_on_import_is_spawned_cold(
-        database_url, start_cluster, tmp_path, records):
-    """A thread started with ``_thread`` is not in ``threading.active_count()``; the kernel counts it."""
-    (node,) = start_cluster(database_url, 1, **WARM).nodes
-    deploy(node, build_egg(tmp_path, top="import _thread, time\n_thread.start_new_thread(time.sleep, (3600,))"))
-    for job in ("cold1", "cold2"):
-        node.post("schedule.json", project=PROJECT, spider="probe", jobid=job)
-        finished(database_url, job)
-        assert probe_of(records, job)["ppid"] == node.process.pid  # spawned by the node itself
-    reason = f"Project {PROJECT} is spawned cold: importing the project starts 1 threads"
-    wait_for(lambda: node.logfile.read_text().count(reason), 30, "the reason in the log")
 
 
 def test_a_redeploy_through_another_node_runs_the_new_code_at_the_next_crawl(

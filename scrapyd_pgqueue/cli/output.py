@@ -9,6 +9,16 @@ import sys
 from scrapyd_pgqueue.answers import plain
 
 
+def subcommand(parsers, database_url_argument, name: str, run, help_text: str):
+    """One operator subcommand on ``parsers`` (argparse's subparsers): the database URL options, ``--json``, and the
+    function that runs it."""
+    parser = parsers.add_parser(name, help=help_text, description=help_text)
+    database_url_argument(parser, required=True)
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+    parser.set_defaults(run=run)
+    return parser
+
+
 def all_jobs_store(args):
     from scrapyd_pgqueue.store import AllJobsStore
 

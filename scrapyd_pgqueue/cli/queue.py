@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import re
 import sys
 
-from scrapyd_pgqueue.cli.output import all_jobs_store, fail, print_json, resolve_project, table, when
+from scrapyd_pgqueue.cli.output import all_jobs_store, fail, print_json, resolve_project, subcommand, table, when
 
 # How long a stopped node stays in ``status``: long enough to see a node that just went away.
 RECENTLY_STOPPED_SECONDS = 3600
@@ -26,12 +27,7 @@ SECONDS_PER_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 def add_commands(commands, database_url_argument) -> None:
     """Register the operator's subcommands on the ``scrapyd-pgqueue`` parser's subparsers."""
 
-    def command(name, run, help_text):
-        parser = commands.add_parser(name, help=help_text, description=help_text)
-        database_url_argument(parser, required=True)
-        parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
-        parser.set_defaults(run=run)
-        return parser
+    command = functools.partial(subcommand, commands, database_url_argument)
 
     status = command("status", run_status, "show the queue at a glance: pending, running per node, failures, nodes")
     status.add_argument("--lease-seconds", type=float, default=30.0,

@@ -8,7 +8,7 @@ settings, here and in the HTTP services.
 
 from __future__ import annotations
 
-from scrapyd_pgqueue.cli.output import fail, print_json, table, when
+from scrapyd_pgqueue.cli.output import fail, print_json, subcommand, table, when
 from scrapyd_pgqueue.job_requests import periodic_job
 
 PERIODIC_HELP = "jobs fired on a schedule (cron or every N seconds) by whichever node is alive, once per due time"
@@ -23,11 +23,7 @@ def add_commands(commands, database_url_argument) -> None:
         return parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
 
     def action(actions, name, run, help_text):
-        parser = actions.add_parser(name, help=help_text, description=help_text)
-        database_url_argument(parser, required=True)
-        parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
-        parser.set_defaults(run=run)
-        return parser
+        return subcommand(actions, database_url_argument, name, run, help_text)
 
     periodic = group("periodic", PERIODIC_HELP)
     add = action(periodic, "add", run_add, "add a periodic job")

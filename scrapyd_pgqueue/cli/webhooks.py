@@ -7,9 +7,10 @@ secret is read from a file (never a command line), and no output shows it.
 from __future__ import annotations
 
 import argparse
+import functools
 import urllib.parse
 
-from scrapyd_pgqueue.cli.output import fail, print_json, table, when
+from scrapyd_pgqueue.cli.output import fail, print_json, subcommand, table, when
 from scrapyd_pgqueue.store.webhooks import EVENTS, FORMATS
 
 WEBHOOK_HELP = "post to a URL when a job fails or ends, a crawl tree completes, or a periodic job skips a firing"
@@ -20,12 +21,7 @@ def add_commands(commands, database_url_argument, secret_file) -> None:
     webhook = commands.add_parser("webhook", help=WEBHOOK_HELP, description=WEBHOOK_HELP)
     actions = webhook.add_subparsers(dest="webhook_command", required=True, metavar="COMMAND")
 
-    def action(name, run, help_text):
-        parser = actions.add_parser(name, help=help_text, description=help_text)
-        database_url_argument(parser, required=True)
-        parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
-        parser.set_defaults(run=run)
-        return parser
+    action = functools.partial(subcommand, actions, database_url_argument)
 
     add = action("add", run_add, "add a webhook")
     add.add_argument("url", metavar="URL", type=webhook_url, help="where to POST (http or https)")

@@ -7,7 +7,8 @@ only the outcome written when the crawl ends reaches the database):
   asks (SIGINT, Scrapy's graceful stop) and ends with outcome ``timeout``;
 - with no new request, response or item for ``stall_timeout`` (from ``progress_at``), the same, outcome ``stalled``;
 - a crawl whose spider has not opened ``start_timeout`` after its start is SIGKILLed and its job handed back as a
-  lost claim is (the attempt counted; ``max_attempts`` used up: ``lost``);
+  lost claim is (the attempt counted; ``max_attempts`` used up: ``lost``), if it reports its spider's opening (the
+  node's runner or a warm fork: a runner of the user's own reports nothing);
 - a crawl asked to stop (cancel.json's first signal, the watchdog) and still alive ``cancel_timeout`` later is
   SIGKILLed, with a line in its log file and one in the node's.
 
@@ -23,6 +24,7 @@ import time
 from twisted.internet import error, task
 from twisted.logger import Logger
 
+from scrapyd_pgqueue.job_stats import REPORTING_RUNNER
 from scrapyd_pgqueue.node.warm import WarmCrawl
 from scrapyd_pgqueue.statuses import STALLED, TIMEOUT
 
@@ -60,7 +62,7 @@ class Watchdog:
             if not process.killed_after_stop and now - process.stop_asked_at >= self.settings.cancel_timeout:
                 self.kill_unstopped(process)
             return
-        start_timeout = self.settings.start_timeout
+        start_timeout = self.settings.start_timeout if self.reports_opening(process) else None
         if (process.spider_opened_at is None and start_timeout and now - process.started_at >= start_timeout
                 and not self.launcher.stopping):  # a stopping node hands its claims back itself
             self.hand_back_unstarted(process)
@@ -95,6 +97,11 @@ class Watchdog:
         except error.ProcessExitedAlready:
             return
         append_to_crawl_log(process, f"[scrapyd_pgqueue.watchdog] CRITICAL: The crawl was {line}")
+
+    def reports_opening(self, process) -> bool:
+        """Whether the crawl tells its node when its spider opens: forked warm, or spawned by the node's runner (a
+        runner of the user's own adds no stats extension: start_timeout would kill every one of its crawls)."""
+        return isinstance(process.transport, WarmCrawl) or self.launcher.runner == REPORTING_RUNNER
 
     def hand_back_unstarted(self, process) -> None:
         """Kill a crawl that never reached its spider; the launcher hands its job back once it has ended."""

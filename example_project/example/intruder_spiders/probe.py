@@ -22,6 +22,7 @@ PR_GET_DUMPABLE = 3
 def _record(name, record):
     directory = os.environ.get("EXAMPLE_RECORD_DIR")
     if directory:
+        os.makedirs(directory, exist_ok=True)  # imported by `scrapy list` before any crawl made it
         with open(os.path.join(directory, name), "a") as f:
             f.write(json.dumps(record) + "\n")
 
