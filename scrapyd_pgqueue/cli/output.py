@@ -19,6 +19,18 @@ def subcommand(parsers, database_url_argument, name: str, run, help_text: str):
     return parser
 
 
+def print_listing(args, key: str, title: str, rows: list, headers: list[str], cells) -> int:
+    """A list subcommand's answer: ``{key: rows}`` with --json, else its count under ``title`` and a table of
+    ``cells(row)`` (nothing more when there is no row)."""
+    if args.json:
+        print_json({key: rows})
+        return 0
+    print(f"{title}: {len(rows)}")
+    if rows:
+        print(table(headers, [cells(row) for row in rows]))
+    return 0
+
+
 def all_jobs_store(args):
     from scrapyd_pgqueue.store import AllJobsStore
 

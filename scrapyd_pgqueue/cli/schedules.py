@@ -8,7 +8,7 @@ settings, here and in the HTTP services.
 
 from __future__ import annotations
 
-from scrapyd_pgqueue.cli.output import fail, print_json, subcommand, table, when
+from scrapyd_pgqueue.cli.output import fail, print_json, print_listing, subcommand, when
 from scrapyd_pgqueue.job_requests import periodic_job
 
 PERIODIC_HELP = "jobs fired on a schedule (cron or every N seconds) by whichever node is alive, once per due time"
@@ -110,19 +110,13 @@ def run_add(args) -> int:
 
 
 def run_list(args) -> int:
-    rows = _store(args).list_periodic(args.project)
-    if args.json:
-        print_json({"periodic": rows})
-        return 0
-    print(f"Periodic jobs: {len(rows)}")
-    if rows:
-        print(table(
-            ["NAME", "PROJECT", "SPIDER", "SCHEDULE", "OVERLAP", "STATE", "NEXT", "LAST JOB", "LAST STATUS", "FIRED",
-             "SKIPPED"],
-            [(r.name, r.project, r.spider, _schedule(r), r.overlap, "paused" if r.paused else "active",
-              when(r.next_fire_time), r.last_job, r.last_status, r.fired, r.skipped) for r in rows],
-        ))
-    return 0
+    return print_listing(
+        args, "periodic", "Periodic jobs", _store(args).list_periodic(args.project),
+        ["NAME", "PROJECT", "SPIDER", "SCHEDULE", "OVERLAP", "STATE", "NEXT", "LAST JOB", "LAST STATUS", "FIRED",
+         "SKIPPED"],
+        lambda r: (r.name, r.project, r.spider, _schedule(r), r.overlap, "paused" if r.paused else "active",
+                   when(r.next_fire_time), r.last_job, r.last_status, r.fired, r.skipped),
+    )
 
 
 def run_remove(args) -> int:
@@ -171,15 +165,9 @@ def run_limit_set(args) -> int:
 
 
 def run_limit_list(args) -> int:
-    limits = _store(args).list_limits()
-    if args.json:
-        print_json({"limits": limits})
-        return 0
-    print(f"Limits: {len(limits)}")
-    if limits:
-        print(table(["PROJECT", "SPIDER", "MAX RUNNING", "RUNNING"],
-                          [(row.project, row.spider, row.max_running, row.running) for row in limits]))
-    return 0
+    return print_listing(args, "limits", "Limits", _store(args).list_limits(),
+                         ["PROJECT", "SPIDER", "MAX RUNNING", "RUNNING"],
+                         lambda row: (row.project, row.spider, row.max_running, row.running))
 
 
 def run_limit_remove(args) -> int:

@@ -10,7 +10,7 @@ import argparse
 import functools
 import urllib.parse
 
-from scrapyd_pgqueue.cli.output import fail, print_json, subcommand, table, when
+from scrapyd_pgqueue.cli.output import fail, print_json, print_listing, subcommand, when
 from scrapyd_pgqueue.store.webhooks import EVENTS, FORMATS
 
 WEBHOOK_HELP = "post to a URL when a job fails or ends, a crawl tree completes, or a periodic job skips a firing"
@@ -72,19 +72,13 @@ def run_add(args) -> int:
 
 
 def run_list(args) -> int:
-    rows = _store(args).list_webhooks()
-    if args.json:
-        print_json({"webhooks": rows})
-        return 0
-    print(f"Webhooks: {len(rows)}")
-    if rows:
-        print(table(
-            ["ID", "URL", "EVENTS", "PROJECT", "FORMAT", "SIGNED", "DELIVERED", "FAILED", "WAITING", "LAST ERROR"],
-            [[row.id, row.url, ",".join(row.events), row.project or "(all)", row.format, "yes" if row.signed else "no",
-              row.deliveries, row.failures, row.waiting,
-              f"{when(row.last_error_time)} {row.last_error}" if row.last_error else ""] for row in rows],
-        ))
-    return 0
+    return print_listing(
+        args, "webhooks", "Webhooks", _store(args).list_webhooks(),
+        ["ID", "URL", "EVENTS", "PROJECT", "FORMAT", "SIGNED", "DELIVERED", "FAILED", "WAITING", "LAST ERROR"],
+        lambda row: [row.id, row.url, ",".join(row.events), row.project or "(all)", row.format,
+                     "yes" if row.signed else "no", row.deliveries, row.failures, row.waiting,
+                     f"{when(row.last_error_time)} {row.last_error}" if row.last_error else ""],
+    )
 
 
 def run_remove(args) -> int:
