@@ -12,6 +12,7 @@ import os
 import shutil
 import site
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +41,17 @@ def unprivileged_path() -> str:
     return os.pathsep.join([str(EXAMPLE_PROJECT), str(REPOSITORY), *site.getsitepackages()])
 
 
+def unprivileged_user() -> tuple[int, str]:
+    """The uid a node of this test runs as, with its interpreter: ``nobody``, where this checkout and its libraries
+    are readable by it; else root's uid stripped of every capability (a checkout under a private home), which is
+    what the test needs: a crawl of the node's own uid that cannot trace it or read its /proc past the kernel's
+    checks."""
+    probe = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON,
+                            "-c", "import scrapyd_pgqueue, scrapy, scrapyd"], env={"PYTHONPATH": unprivileged_path()},
+                           capture_output=True, timeout=60)
+    return (NOBODY, SYSTEM_PYTHON) if probe.returncode == 0 else (0, sys.executable)
+
+
 def records(directory: Path, name: str) -> list[dict]:
     path = directory / name
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -49,19 +61,19 @@ def records(directory: Path, name: str) -> list[dict]:
 def unprivileged_node(request, database_url):
     """A node running as ``nobody`` with secrets in its environment (the chart's and a Secret mounted under a name
     of the operator's choosing), in a directory of its own outside the tests' (root-only) temporary directory."""
+    uid, python = unprivileged_user()
     directory = Path(tempfile.mkdtemp(prefix="crawl-keys-"))
     (directory / "node").mkdir()
     (directory / "records").mkdir()
-    shutil.chown(directory, NOBODY, NOBODY)
-    for path in (directory / "node", directory / "records"):
-        shutil.chown(path, NOBODY, NOBODY)
+    for path in (directory, directory / "node", directory / "records"):
+        shutil.chown(path, uid, uid)
     url = make_url(database_url).set(password=DATABASE_PASSWORD).render_as_string(hide_password=False)
     env = {"EXAMPLE_RECORD_DIR": str(directory / "records"), "SCRAPYD_USERNAME": "operator",
            "SCRAPYD_PASSWORD": HTTP_PASSWORD, "DATABASE_PASSWORD": DATABASE_PASSWORD,
            "MOUNTED_SECRET": f"password={DATABASE_PASSWORD}", "USER_SETTING": "kept"}
     config = {**FAST, "warm_start": "on" if request.param == "warm" else "off"}
     node = ScrapydNode("keys", directory / "node", url, config, {**env, "PYTHONPATH": unprivileged_path()},
-                       base_config=INTRUDER_CONFIG, user=NOBODY, python=SYSTEM_PYTHON)
+                       base_config=INTRUDER_CONFIG, user=uid, python=python)
     node.start()
     try:
         node.wait_ready()

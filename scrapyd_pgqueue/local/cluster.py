@@ -38,7 +38,7 @@ class ScrapydNode:
     def __init__(self, name: str, directory: Path, database_url: str, config: Mapping[str, str], env: Mapping,
                  base_config: str | None = None, user: int | None = None, python: str = sys.executable):
         self.name = name
-        self.user = user  # a uid (and gid) to run as, in no other group, with no capability: a node that is not root
+        self.user = user  # a uid (and gid) to run as, in no other group, with no capability (not root's powers)
         self.python = python  # the interpreter it runs on (and so its crawls)
         self.base_config = NODE_CONFIG.read_text() if base_config is None else base_config  # ./scrapyd.conf
         self.directory = directory
@@ -85,8 +85,10 @@ class ScrapydNode:
             raise RuntimeError(f"node {self.name} is already running (pid {self.process.pid})")
         self.write_config()
         with open(self.logfile, "ab") as log:
+            # No capability kept, none to gain (root's uid included): no reading or tracing past the kernel's checks.
             as_user = [] if self.user is None else [
-                "setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--clear-groups", "--inh-caps=-all"]
+                "setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all"]
             self.process = subprocess.Popen(
                 [*as_user, self.python, "-m", "scrapyd", "--pidfile="],
                 cwd=self.directory,
