@@ -56,9 +56,9 @@ def import_project(project: str) -> None:
     from scrapyd import runner as scrapyd_runner
 
     from scrapyd_pgqueue import stats_extension
-    from scrapyd_pgqueue.runner import ClusterConfig
+    from scrapyd_pgqueue.runner import OneLineConfig
 
-    scrapyd_runner.Config = ClusterConfig
+    scrapyd_runner.Config = OneLineConfig
     stats_extension.install()  # as the runner does for a cold crawl
     scrapyd_runner.project_environment(project).__enter__()  # the egg stays active for every crawl
     from scrapy.spiderloader import get_spider_loader

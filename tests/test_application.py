@@ -24,13 +24,13 @@ from scrapyd_pgqueue.runner import OneLineConfig
 from helpers import jobs, query, runs_of, wait_for
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-# Names a user may have imported before they moved or were renamed: still importable.
-FORMER_NAMES = [
-    "scrapyd_pgqueue.store.ClusterStore",
-    "scrapyd_pgqueue.runner.ClusterConfig",
-    "scrapyd_pgqueue.webservice.ClusterResource",
-    "scrapyd_pgqueue.services.resource.ClusterResource",
-]
+# Names a user may have imported before they were renamed, with their current names: deprecated aliases.
+FORMER_NAMES = {
+    "scrapyd_pgqueue.store.ClusterStore": "scrapyd_pgqueue.store.AllJobsStore",
+    "scrapyd_pgqueue.runner.ClusterConfig": "scrapyd_pgqueue.runner.OneLineConfig",
+    "scrapyd_pgqueue.webservice.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
+    "scrapyd_pgqueue.services.resource.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
+}
 # Modules that moved, by their former name: each stays as a deprecated alias of its new home.
 MOVED_MODULES = {"webservice": "services.jobs", "schedule_services": "services.schedules",
                  "tree_services": "services.trees", "egg_services": "services.eggs", "website": "web.root"}
@@ -83,7 +83,7 @@ def test_every_path_the_readme_shows_and_every_former_name_imports():
     assert result.stdout == "", f"not importable: {result.stdout.split()}"
 
 
-def test_each_former_path_is_the_same_object_and_warns_on_use(tmp_path, monkeypatch):
+def test_each_former_path_and_name_is_the_same_object_and_warns_on_use(tmp_path, monkeypatch):
     silent = subprocess.run([sys.executable, "-W", "error", "-c", "import " + ", ".join(
         f"scrapyd_pgqueue.{former}" for former in MOVED_MODULES)], capture_output=True, text=True, timeout=120)
     assert silent.returncode == 0, silent.stderr  # importing a former module, as a configuration does, is silent
@@ -91,6 +91,7 @@ def test_each_former_path_is_the_same_object_and_warns_on_use(tmp_path, monkeypa
     moved = [(path, path.replace(f".{new}.", f".{former}."))
              for path in paths for former, new in MOVED_MODULES.items() if f".{new}." in path]
     assert len(moved) == 20
+    moved += [(path, former_path) for former_path, path in FORMER_NAMES.items()]
     for path, former_path in moved:
         with pytest.warns(DeprecationWarning, match=re.escape(f"use {path}")):
             assert load_object(former_path) is load_object(path)
