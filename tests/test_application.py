@@ -91,6 +91,7 @@ def test_each_former_path_and_name_is_the_same_object_and_warns_on_use(tmp_path,
     moved = [(path, path.replace(f".{new}.", f".{former}."))
              for path in paths for former, new in MOVED_MODULES.items() if f".{new}." in path]
     assert len(moved) == 20
+    moved += [("scrapyd_pgqueue.web.root.Home", "scrapyd_pgqueue.website.Home")]  # no option names it
     moved += [(path, former_path) for former_path, path in FORMER_NAMES.items()]
     for path, former_path in moved:
         with pytest.warns(DeprecationWarning, match=re.escape(f"use {path}")):
