@@ -5,6 +5,7 @@ egg storage, and importing Twisted's reactor there would break Scrapy's own reac
 """
 
 import importlib
+import warnings
 
 __version__ = "0.1.0"
 
@@ -25,3 +26,17 @@ def __getattr__(name):
     if name in _COMPONENTS:
         return getattr(importlib.import_module(_COMPONENTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def deprecated_names(module: str, new_paths: dict[str, str]):
+    """A ``__getattr__`` (PEP 562) for ``module``'s former names: each, taken, warns with its new path and is the same
+    object. Importing the module stays silent, so a configuration that names a former path still loads."""
+
+    def __getattr__(name):
+        if name not in new_paths:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new_module, _, new_name = new_paths[name].rpartition(".")
+        warnings.warn(f"{module}.{name} is deprecated: use {new_paths[name]}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new_module), new_name)
+
+    return __getattr__

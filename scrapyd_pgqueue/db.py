@@ -26,6 +26,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from importlib.resources import files
 
 import psycopg2
@@ -184,15 +185,22 @@ def _on_pooled_cursor(engine: Engine, statement: str, params: dict | None, fetch
 @contextlib.contextmanager
 def transaction(engine: Engine):
     """A connection for several statements, all or none: an explicit BEGIN ... COMMIT (ROLLBACK on error)."""
-    with engine.connect() as connection:
-        connection.control("BEGIN")
-        try:
-            yield connection
-        except BaseException:
-            with contextlib.suppress(DriverError):  # a broken connection has rolled back already
-                connection.control("ROLLBACK")
-            raise
-        connection.control("COMMIT")
+    with engine.connect() as connection, _all_or_none(connection.control, DriverError):
+        yield connection
+
+
+@contextlib.contextmanager
+def _all_or_none(send: Callable[[str], object], broken: type[Exception]):
+    """BEGIN, then COMMIT, or ROLLBACK when the block raises, each sent with ``send``. A ``broken`` error of the
+    ROLLBACK is not the one to report: a broken connection has rolled back already."""
+    send("BEGIN")
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(broken):
+            send("ROLLBACK")
+        raise
+    send("COMMIT")
 
 
 # --- engines -------------------------------------------------------------------------------------------------
@@ -356,15 +364,8 @@ def _alembic_connection(engine: Engine):
             count_statement(writes=True)
             return (statement if statement in TRANSACTION_CONTROL else STATEMENT_PREFIX + statement), parameters
 
-        with alembic_engine.connect() as connection:
-            connection.exec_driver_sql("BEGIN")
+        with alembic_engine.connect() as connection, _all_or_none(connection.exec_driver_sql, Exception):
             connection.exec_driver_sql("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK_KEY})
-            try:
-                yield connection
-            except BaseException:
-                with contextlib.suppress(Exception):  # a broken connection has rolled back already
-                    connection.exec_driver_sql("ROLLBACK")
-                raise
-            connection.exec_driver_sql("COMMIT")
+            yield connection
     finally:
         engine.checkin(driver_connection)  # closed instead if the migration left it broken

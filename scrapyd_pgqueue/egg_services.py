@@ -1,11 +1,7 @@
-"""Scrapyd's egg services off the reactor now live in ``services/eggs.py``; this path stays for configurations."""
+"""Deprecated alias of ``services/eggs.py`` (Scrapyd's egg services off the reactor), kept for configurations."""
 
-from scrapyd_pgqueue.services.eggs import (  # noqa: F401
-    AddVersion,
-    DeleteProject,
-    DeleteVersion,
-    ListSpiders,
-    ListVersions,
-)
+from scrapyd_pgqueue import deprecated_names
 
-__all__ = ["AddVersion", "DeleteProject", "DeleteVersion", "ListSpiders", "ListVersions"]
+_NAMES = ("AddVersion", "DeleteProject", "DeleteVersion", "ListSpiders", "ListVersions")
+__getattr__ = deprecated_names(__name__, {name: f"scrapyd_pgqueue.services.eggs.{name}" for name in _NAMES})
+__all__ = list(_NAMES)

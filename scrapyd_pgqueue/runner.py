@@ -17,7 +17,7 @@ if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, ot
 from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above
 from scrapyd.config import Config
 
-from scrapyd_pgqueue import stats_extension
+from scrapyd_pgqueue import deprecated_names, stats_extension
 from scrapyd_pgqueue.application import apply_defaults
 
 
@@ -29,7 +29,7 @@ class OneLineConfig(Config):
         apply_defaults(self)
 
 
-ClusterConfig = OneLineConfig  # its former name, still importable
+__getattr__ = deprecated_names(__name__, {"ClusterConfig": "scrapyd_pgqueue.runner.OneLineConfig"})  # a former name
 
 
 def main():

@@ -1,11 +1,7 @@
-"""The periodic-job services now live in ``services/schedules.py``; this path stays for configurations."""
+"""Deprecated alias of ``services/schedules.py`` (the periodic-job services), kept for configurations."""
 
-from scrapyd_pgqueue.services.schedules import (  # noqa: F401
-    AddPeriodic,
-    DelPeriodic,
-    ListPeriodic,
-    PausePeriodic,
-    ResumePeriodic,
-)
+from scrapyd_pgqueue import deprecated_names
 
-__all__ = ["AddPeriodic", "DelPeriodic", "ListPeriodic", "PausePeriodic", "ResumePeriodic"]
+_NAMES = ("AddPeriodic", "DelPeriodic", "ListPeriodic", "PausePeriodic", "ResumePeriodic")
+__getattr__ = deprecated_names(__name__, {name: f"scrapyd_pgqueue.services.schedules.{name}" for name in _NAMES})
+__all__ = list(_NAMES)

@@ -1,5 +1,7 @@
-"""``tree.json`` now lives in ``services/trees.py``; this path stays for configurations."""
+"""Deprecated alias of ``services/trees.py`` (``tree.json``), kept for configurations."""
 
-from scrapyd_pgqueue.services.trees import Tree  # noqa: F401
+from scrapyd_pgqueue import deprecated_names
 
-__all__ = ["Tree"]
+_NAMES = ("Tree",)
+__getattr__ = deprecated_names(__name__, {name: f"scrapyd_pgqueue.services.trees.{name}" for name in _NAMES})
+__all__ = list(_NAMES)

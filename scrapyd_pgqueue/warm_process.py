@@ -31,7 +31,12 @@ import sys
 from scrapyd_pgqueue.node.crawl_keys import make_not_dumpable
 
 PR_SET_PDEATHSIG = 1
+# The protocol, written here once: the node's half (``node/warm.py``) imports it.
 MAX_MESSAGE = 4 * 1024 * 1024  # a crawl's arguments and environment; the node checks the size it sends
+NODE_PID_VARIABLE = "SCRAPYD_PGQUEUE_NODE_PID"  # the node, whose death ends this process (its parent may not be)
+PROJECT_VARIABLE = "SCRAPY_PROJECT"  # the project to import, named as Scrapyd names it for a crawl
+CRAWL, ARGS, ENV = "crawl", "args", "env"  # the keys of a message node -> here
+READY, COLD, PID, STATUS = "ready", "cold", "pid", "status"  # the keys of the messages here -> node
 # Modules every crawl imports after its start; imported here, they cost a crawl nothing.
 CRAWL_MODULES = (
     "scrapy.cmdline", "scrapy.crawler", "scrapy.commands.crawl", "scrapy.core.engine", "scrapy.core.scraper",
@@ -56,9 +61,9 @@ def import_project(project: str) -> None:
     from scrapyd import runner as scrapyd_runner
 
     from scrapyd_pgqueue import stats_extension
-    from scrapyd_pgqueue.runner import ClusterConfig
+    from scrapyd_pgqueue.runner import OneLineConfig
 
-    scrapyd_runner.Config = ClusterConfig
+    scrapyd_runner.Config = OneLineConfig
     stats_extension.install()  # as the runner does for a cold crawl
     scrapyd_runner.project_environment(project).__enter__()  # the egg stays active for every crawl
     from scrapy.spiderloader import get_spider_loader
@@ -140,16 +145,16 @@ class WarmProcess:
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
-        self.crawls[pidfd] = (request["crawl"], pid)
+        self.crawls[pidfd] = (request[CRAWL], pid)
         self.selector.register(pidfd, selectors.EVENT_READ)
-        self.send({"crawl": request["crawl"], "pid": pid})
+        self.send({CRAWL: request[CRAWL], PID: pid})
 
     def reap(self, pidfd: int) -> None:
         number, pid = self.crawls.pop(pidfd)
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
-        self.send({"crawl": number, "status": status})
+        self.send({CRAWL: number, STATUS: status})
 
     def run_crawl(self, request: dict, fds: list[int]) -> None:
         """The child: become what ``python -m scrapyd_pgqueue.runner crawl ...`` would be, run it, exit."""
@@ -171,10 +176,10 @@ class WarmProcess:
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             settings_module = os.environ.get("SCRAPY_SETTINGS_MODULE")
             os.environ.clear()
-            os.environ.update(request["env"])
+            os.environ.update(request[ENV])
             if settings_module is not None:
                 os.environ.setdefault("SCRAPY_SETTINGS_MODULE", settings_module)  # as the egg's activation does
-            sys.argv = [sys.modules["scrapyd_pgqueue.runner"].__file__, *request["args"][3:]]
+            sys.argv = [sys.modules["scrapyd_pgqueue.runner"].__file__, *request[ARGS][3:]]
             random.seed()
             gc.enable()
             code = self.execute()
@@ -210,23 +215,23 @@ def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     warm = WarmProcess(control)
     warm.parent_pid = os.getpid()
-    die_with_parent(int(os.environ.pop("SCRAPYD_PGQUEUE_NODE_PID", os.getppid())))
+    die_with_parent(int(os.environ.pop(NODE_PID_VARIABLE, os.getppid())))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the crawls; they outlive no node anyway
     gc.disable()
     try:
-        import_project(os.environ["SCRAPY_PROJECT"])
+        import_project(os.environ[PROJECT_VARIABLE])
     except BaseException as e:  # noqa: BLE001 - the crawl's own cold start reports it in its log
-        warm.send({"cold": f"importing the project failed: {type(e).__name__}: {e}"})
+        warm.send({COLD: f"importing the project failed: {type(e).__name__}: {e}"})
         return
     reason = unsafe_to_fork(control)
     if reason:
-        warm.send({"cold": reason})
+        warm.send({COLD: reason})
         return
     import_components()
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()
-    warm.send({"ready": os.getpid()})
+    warm.send({READY: os.getpid()})
     warm.serve()
 
 

@@ -1,17 +1,10 @@
-"""Scrapyd's job services for the whole cluster now live in ``services/jobs.py``; this path stays for configurations."""
+"""Deprecated alias of ``services/jobs.py`` (Scrapyd's job services for the whole cluster), kept for
+configurations that name it."""
 
-from scrapyd_pgqueue.services.jobs import (  # noqa: F401
-    Alive,
-    Cancel,
-    DaemonStatus,
-    ListJobs,
-    Logs,
-    Schedule,
-    ScheduleBatch,
-    Status,
-)
-from scrapyd_pgqueue.services.resource import ClusterResource  # the services' base, by its former name
+from scrapyd_pgqueue import deprecated_names
 
-__all__ = [
-    "Alive", "Cancel", "ClusterResource", "DaemonStatus", "ListJobs", "Logs", "Schedule", "ScheduleBatch", "Status",
-]
+_NAMES = ("Alive", "Cancel", "DaemonStatus", "ListJobs", "Logs", "Schedule", "ScheduleBatch", "Status")
+_NEW_PATHS = {name: f"scrapyd_pgqueue.services.jobs.{name}" for name in _NAMES}
+_NEW_PATHS["ClusterResource"] = "scrapyd_pgqueue.services.resource.DatabaseService"  # the services' base, renamed
+__getattr__ = deprecated_names(__name__, _NEW_PATHS)
+__all__ = list(_NEW_PATHS)

@@ -1,5 +1,7 @@
-"""Scrapyd's ``webroot`` for a cluster node now lives in ``web/root.py``; this path stays for configurations."""
+"""Deprecated alias of ``web/root.py`` (Scrapyd's ``webroot`` for a cluster node), kept for configurations."""
 
-from scrapyd_pgqueue.web.root import Home, Root  # noqa: F401
+from scrapyd_pgqueue import deprecated_names
 
-__all__ = ["Home", "Root"]
+_NAMES = ("Home", "Root")
+__getattr__ = deprecated_names(__name__, {name: f"scrapyd_pgqueue.web.root.{name}" for name in _NAMES})
+__all__ = list(_NAMES)

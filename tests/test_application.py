@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from scrapy.utils.misc import load_object
 from scrapyd.config import Config
 from scrapyd.utils import initialize_component
 
@@ -23,13 +24,16 @@ from scrapyd_pgqueue.runner import OneLineConfig
 from helpers import jobs, query, runs_of, wait_for
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-# Names a user may have imported before they moved or were renamed: still importable.
-FORMER_NAMES = [
-    "scrapyd_pgqueue.store.ClusterStore",
-    "scrapyd_pgqueue.runner.ClusterConfig",
-    "scrapyd_pgqueue.webservice.ClusterResource",
-    "scrapyd_pgqueue.services.resource.ClusterResource",
-]
+# Names a user may have imported before they were renamed, with their current names: deprecated aliases.
+FORMER_NAMES = {
+    "scrapyd_pgqueue.store.ClusterStore": "scrapyd_pgqueue.store.AllJobsStore",
+    "scrapyd_pgqueue.runner.ClusterConfig": "scrapyd_pgqueue.runner.OneLineConfig",
+    "scrapyd_pgqueue.webservice.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
+    "scrapyd_pgqueue.services.resource.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
+}
+# Modules that moved, by their former name: each stays as a deprecated alias of its new home.
+MOVED_MODULES = {"webservice": "services.jobs", "schedule_services": "services.schedules",
+                 "tree_services": "services.trees", "egg_services": "services.eggs", "website": "web.root"}
 # Imports each dotted path given (a module, or a module's attribute) in a fresh interpreter, as Scrapyd loads a
 # configured component; prints the ones that fail.
 IMPORT_EACH = """
@@ -71,12 +75,32 @@ def config_from(text: str, tmp_path, monkeypatch) -> Config:
 
 def test_every_path_the_readme_shows_and_every_former_name_imports():
     shown = sorted(set(re.findall(r"scrapyd_pgqueue(?:\.\w+)+", README.read_text())))
-    assert {"scrapyd_pgqueue.application", "scrapyd_pgqueue.webservice.Schedule", "scrapyd_pgqueue.website.Root",
+    assert {"scrapyd_pgqueue.application", "scrapyd_pgqueue.services.jobs.Schedule", "scrapyd_pgqueue.web.root.Root",
             "scrapyd_pgqueue.PostgresSpiderQueue"} <= set(shown)
     result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *shown, *FORMER_NAMES], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "", f"not importable: {result.stdout.split()}"
+
+
+def test_each_former_path_and_name_is_the_same_object_and_warns_on_use(tmp_path, monkeypatch):
+    silent = subprocess.run([sys.executable, "-W", "error", "-c", "import " + ", ".join(
+        f"scrapyd_pgqueue.{former}" for former in MOVED_MODULES)], capture_output=True, text=True, timeout=120)
+    assert silent.returncode == 0, silent.stderr  # importing a former module, as a configuration does, is silent
+    paths = [*application.SERVICES.values(), application.COMPONENTS["webroot"]]
+    moved = [(path, path.replace(f".{new}.", f".{former}."))
+             for path in paths for former, new in MOVED_MODULES.items() if f".{new}." in path]
+    assert len(moved) == 20
+    moved += [("scrapyd_pgqueue.web.root.Home", "scrapyd_pgqueue.website.Home")]  # no option names it
+    moved += [(path, former_path) for former_path, path in FORMER_NAMES.items()]
+    for path, former_path in moved:
+        with pytest.warns(DeprecationWarning, match=re.escape(f"use {path}")):
+            assert load_object(former_path) is load_object(path)
+    config = config_from(ONE_LINE_NODE + "[services]\nschedule.json = scrapyd_pgqueue.webservice.Schedule\n",
+                         tmp_path, monkeypatch)
+    application.apply_defaults(config)
+    assert dict(config.items("services"))["schedule.json"] == "scrapyd_pgqueue.webservice.Schedule"  # kept
+    assert application.half_configuration(config) == []
 
 
 def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path, monkeypatch):
@@ -85,16 +109,16 @@ def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path
     )
     application.apply_defaults(config)
     assert config.get("poller") == "scrapyd_pgqueue.PostgresPoller"  # Scrapyd's default: replaced
-    assert config.get("webroot") == "scrapyd_pgqueue.website.Root"
+    assert config.get("webroot") == "scrapyd_pgqueue.web.root.Root"
     assert config.get("runner") == "scrapyd_pgqueue.runner"
     assert config.get("launcher") == "my.Launcher"  # explicit: kept
     services = dict(config.items("services"))
     assert services["cancel.json"] == "my.Cancel"
-    assert services["status.json"] == "scrapyd_pgqueue.webservice.Status"
-    assert services["schedule_batch.json"] == "scrapyd_pgqueue.webservice.ScheduleBatch"
+    assert services["status.json"] == "scrapyd_pgqueue.services.jobs.Status"
+    assert services["schedule_batch.json"] == "scrapyd_pgqueue.services.jobs.ScheduleBatch"
     assert services["listprojects.json"] == "scrapyd.webservice.ListProjects"  # Scrapyd's own where ours adds nothing
-    assert services["addversion.json"] == "scrapyd_pgqueue.egg_services.AddVersion"  # Scrapyd's, off the reactor
-    assert services["alive.json"] == "scrapyd_pgqueue.webservice.Alive"
+    assert services["addversion.json"] == "scrapyd_pgqueue.services.eggs.AddVersion"  # Scrapyd's, off the reactor
+    assert services["alive.json"] == "scrapyd_pgqueue.services.jobs.Alive"
     assert application.half_configuration(config) == []  # classes of the user's own are not Scrapyd's per-node ones
 
 

@@ -27,6 +27,7 @@ from twisted.internet.process import ProcessReader
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from scrapyd_pgqueue import warm_process
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.job_stats import STATS_FD
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
@@ -34,8 +35,6 @@ from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 log = Logger()
 
 CONTROL_FD = 3  # the warm process's end of its socket pair
-MAX_MESSAGE = 4 * 1024 * 1024  # must match warm_process.MAX_MESSAGE
-NODE_PID_VARIABLE = "SCRAPYD_PGQUEUE_NODE_PID"
 # Seconds a warm process may take to import its project: past it, it is killed and the project spawned cold.
 READY_TIMEOUT = 120.0
 
@@ -134,9 +133,9 @@ class WarmProcess:
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         project, egg = key
         # Without the node's secrets: every crawl forked from it holds this process's first environment in memory.
-        env = {**crawl_environment(os.environ, pool.secrets), "SCRAPY_PROJECT": project, EGG_FILE_VARIABLE: egg,
-               NODE_PID_VARIABLE: str(os.getpid())}
-        args = [sys.executable, "-m", "scrapyd_pgqueue.warm_process", str(CONTROL_FD)]
+        env = {**crawl_environment(os.environ, pool.secrets), warm_process.PROJECT_VARIABLE: project,
+               EGG_FILE_VARIABLE: egg, warm_process.NODE_PID_VARIABLE: str(os.getpid())}
+        args = [sys.executable, "-m", warm_process.__name__, str(CONTROL_FD)]
         try:
             self.process = reactor.spawnProcess(WarmOutput(project), sys.executable, args=args, env=env,
                                                 childFDs={0: "w", 1: "r", 2: "r", CONTROL_FD: theirs.fileno()})
@@ -156,9 +155,10 @@ class WarmProcess:
 
     def fork(self, process) -> bool:
         """Ask for a fork running ``process`` (its args and env); False when it cannot be asked (spawn cold)."""
-        message = json.dumps({"crawl": (number := next(self.numbers)), "args": process.args,
-                              "env": process.env}).encode()
-        if not self.alive or len(message) > MAX_MESSAGE:
+        number = next(self.numbers)
+        message = json.dumps({warm_process.CRAWL: number, warm_process.ARGS: process.args,
+                              warm_process.ENV: process.env}).encode()
+        if not self.alive or len(message) > warm_process.MAX_MESSAGE:
             return False
         (out_read, out_write), (err_read, err_write), (stats_read, stats_write) = os.pipe(), os.pipe(), os.pipe()
         try:
@@ -204,18 +204,19 @@ class WarmProcess:
             self.received(json.loads(data))
 
     def received(self, message: dict) -> None:
-        if "ready" in message:
+        if warm_process.READY in message:
             self.ready = True
             self.ready_timer.cancel()
-            log.info("Warm process {pid} of project {project} ready in {seconds:.2f}s", pid=message["ready"],
-                     project=self.key[0], seconds=time.monotonic() - self.spawned_at)
-        elif "cold" in message:
-            self.pool.spawn_cold_from_now_on(self.key, message["cold"])
-        elif "pid" in message:
-            self.crawls[message["crawl"]].started(message["pid"])
+            log.info("Warm process {pid} of project {project} ready in {seconds:.2f}s",
+                     pid=message[warm_process.READY], project=self.key[0],
+                     seconds=time.monotonic() - self.spawned_at)
+        elif warm_process.COLD in message:
+            self.pool.spawn_cold_from_now_on(self.key, message[warm_process.COLD])
+        elif warm_process.PID in message:
+            self.crawls[message[warm_process.CRAWL]].started(message[warm_process.PID])
         else:
             self.last_used = time.monotonic()  # idle from the end of its last crawl
-            self.crawls.pop(message["crawl"]).exited(message["status"])
+            self.crawls.pop(message[warm_process.CRAWL]).exited(message[warm_process.STATUS])
 
     def connectionLost(self, reason) -> None:
         """The warm process exited (retired, cold, or killed): what it had not forked yet is spawned cold."""

@@ -2,5 +2,6 @@
 
 ``jobs`` (schedule, status, listjobs, cancel, daemonstatus, logs), ``schedules`` (periodic jobs), ``trees``
 (tree.json), ``eggs`` (Scrapyd's egg services off the reactor); ``resource`` is the base they share. Installed through
-the ``[services]`` section; the paths the README shows (``scrapyd_pgqueue.webservice.Schedule``...) stay importable.
+the ``[services]`` section; the former paths (``scrapyd_pgqueue.webservice.Schedule``...) stay importable as
+deprecated aliases.
 """

@@ -9,7 +9,7 @@ from twisted.web import error, http, resource
 
 from scrapyd.webservice import WsResource
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue import offload
+from scrapyd_pgqueue import deprecated_names, offload
 from scrapyd_pgqueue.db import DatabaseError
 from scrapyd_pgqueue.store import AllJobsStore
 
@@ -48,4 +48,6 @@ class DatabaseService(offload.OffTheReactor, WsResource, DatabaseErrorsAsMessage
             raise error.Error(code=http.OK, message=b"project '%b' not found" % project.encode())
 
 
-ClusterResource = DatabaseService  # its former name, still importable
+__getattr__ = deprecated_names(  # a former name
+    __name__, {"ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService"}
+)

@@ -31,6 +31,7 @@ One module per concern:
 
 from __future__ import annotations
 
+from scrapyd_pgqueue import deprecated_names
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     ERROR,
@@ -88,7 +89,7 @@ from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_tim
 from scrapyd_pgqueue.store.trees import TreeView
 from scrapyd_pgqueue.store.webhooks import WebhookNotFoundError, WebhookStore
 
-ClusterStore = AllJobsStore  # its former name, still importable
+__getattr__ = deprecated_names(__name__, {"ClusterStore": "scrapyd_pgqueue.store.AllJobsStore"})  # a former name
 
 __all__ = [
     # channels and limits
@@ -147,7 +148,6 @@ __all__ = [
     # stores
     "JobStore",
     "AllJobsStore",
-    "ClusterStore",
     "EggStore",
     "QueueMaintenance",
     "OverviewStore",

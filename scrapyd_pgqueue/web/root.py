@@ -1,4 +1,4 @@
-"""Scrapyd's ``webroot`` for a cluster node (``webroot = scrapyd_pgqueue.website.Root``, which re-exports it):
+"""Scrapyd's ``webroot`` for a cluster node (``webroot = scrapyd_pgqueue.web.root.Root``):
 Scrapyd's own root with the cluster's pages, ``/jobs`` for every node, ``/dashboard`` and ``/metrics``."""
 
 from __future__ import annotations
