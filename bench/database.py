@@ -18,7 +18,7 @@ import psycopg2
 from psycopg2 import sql
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.local import devdb
 
 # The seed article's table, rebuilt as it published it (SQLAlchemy types Integer, Float, LargeBinary, String,

@@ -15,9 +15,9 @@ import argparse
 import datetime
 import statistics
 
-from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.local import devdb
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store import JobStore, finishing
 from scrapyd_pgqueue.store.webhooks import WebhookStore
 

@@ -5,7 +5,8 @@ egg storage, and importing Twisted's reactor there would break Scrapy's own reac
 """
 
 import importlib
-import warnings
+
+from scrapyd_pgqueue import former_paths
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,8 @@ _COMPONENTS = {
 
 __all__ = list(_COMPONENTS)
 
+former_paths.install()  # the paths of earlier releases still import (former_paths.py)
+
 
 def __getattr__(name):
     if name == "application":  # the one-line setup; the module is callable (see application.py)
@@ -26,17 +29,3 @@ def __getattr__(name):
     if name in _COMPONENTS:
         return getattr(importlib.import_module(_COMPONENTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def deprecated_names(module: str, new_paths: dict[str, str]):
-    """A ``__getattr__`` (PEP 562) for ``module``'s former names: each, taken, warns with its new path and is the same
-    object. Importing the module stays silent, so a configuration that names a former path still loads."""
-
-    def __getattr__(name):
-        if name not in new_paths:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        new_module, _, new_name = new_paths[name].rpartition(".")
-        warnings.warn(f"{module}.{name} is deprecated: use {new_paths[name]}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(new_module), new_name)
-
-    return __getattr__

@@ -25,40 +25,10 @@ import pkgutil
 import sys
 import types
 
+from scrapyd_pgqueue.config import COMPONENTS, SERVICES, apply_defaults, scrapyd_defaults
+
 ONE_LINE = "application = scrapyd_pgqueue.application"
 
-COMPONENTS = {
-    "spiderqueue": "scrapyd_pgqueue.PostgresSpiderQueue",
-    "jobstorage": "scrapyd_pgqueue.PostgresJobStorage",
-    "poller": "scrapyd_pgqueue.PostgresPoller",
-    "launcher": "scrapyd_pgqueue.PostgresLauncher",
-    "eggstorage": "scrapyd_pgqueue.PostgresEggStorage",
-    "webroot": "scrapyd_pgqueue.web.root.Root",
-    "runner": "scrapyd_pgqueue.runner",
-}
-SERVICES = {
-    "schedule.json": "scrapyd_pgqueue.services.jobs.Schedule",
-    "schedule_batch.json": "scrapyd_pgqueue.services.jobs.ScheduleBatch",
-    "status.json": "scrapyd_pgqueue.services.jobs.Status",
-    "listjobs.json": "scrapyd_pgqueue.services.jobs.ListJobs",
-    "daemonstatus.json": "scrapyd_pgqueue.services.jobs.DaemonStatus",
-    "cancel.json": "scrapyd_pgqueue.services.jobs.Cancel",
-    "logs": "scrapyd_pgqueue.services.jobs.Logs",
-    "addperiodic.json": "scrapyd_pgqueue.services.schedules.AddPeriodic",
-    "listperiodic.json": "scrapyd_pgqueue.services.schedules.ListPeriodic",
-    "delperiodic.json": "scrapyd_pgqueue.services.schedules.DelPeriodic",
-    "pauseperiodic.json": "scrapyd_pgqueue.services.schedules.PausePeriodic",
-    "resumeperiodic.json": "scrapyd_pgqueue.services.schedules.ResumePeriodic",
-    "tree.json": "scrapyd_pgqueue.services.trees.Tree",
-    "stats.json": "scrapyd_pgqueue.services.stats.JobStats",
-    "alive.json": "scrapyd_pgqueue.services.jobs.Alive",
-    # Scrapyd's own, answering off the reactor: they read the eggs in the database.
-    "addversion.json": "scrapyd_pgqueue.services.eggs.AddVersion",
-    "listversions.json": "scrapyd_pgqueue.services.eggs.ListVersions",
-    "listspiders.json": "scrapyd_pgqueue.services.eggs.ListSpiders",
-    "delproject.json": "scrapyd_pgqueue.services.eggs.DeleteProject",
-    "delversion.json": "scrapyd_pgqueue.services.eggs.DeleteVersion",
-}
 # What goes wrong when the shared queue runs with Scrapyd's own piece instead of ours.
 CONSEQUENCES = {
     "poller": "the node stops claiming jobs for good the first time another node wins a job (and claims project "
@@ -69,26 +39,6 @@ CONSEQUENCES = {
     "services": "status.json, listjobs.json, daemonstatus.json and cancel.json answer for this node's crawls only "
     "(status.json answers null for a job running on another node) and /logs/ has no log of other nodes' jobs",
 }
-
-
-def scrapyd_defaults() -> configparser.ConfigParser:
-    """Scrapyd's own default configuration (the first file it reads)."""
-    defaults = configparser.ConfigParser()
-    defaults.read_string(pkgutil.get_data("scrapyd", "default_scrapyd.conf").decode())
-    return defaults
-
-
-def apply_defaults(config) -> None:
-    """Give every option still at Scrapyd's default (or unset) the cluster's value, in a ``scrapyd.config.Config``."""
-    defaults = scrapyd_defaults()
-    parser = config.cp
-    for section, values in (("scrapyd", COMPONENTS), ("services", SERVICES)):
-        if not parser.has_section(section):
-            parser.add_section(section)
-        for option, value in values.items():
-            current = parser.get(section, option, fallback=None)
-            if current is None or current == defaults.get(section, option, fallback=None):
-                parser.set(section, option, value)
 
 
 def half_configuration(config) -> list[str]:
@@ -180,11 +130,13 @@ def application(config):
     from scrapyd.app import application as scrapyd_application
     from twisted.logger import Logger
 
-    from scrapyd_pgqueue import config as pgconfig, db, roles
+    from scrapyd_pgqueue import config as pgconfig
+    from scrapyd_pgqueue.store import db, roles
+    from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
     from scrapyd_pgqueue.node import crawl_keys, spider_list
-    from scrapyd_pgqueue.request_limits import judge_requests_on_their_headers
+    from scrapyd_pgqueue.web.request_limits import judge_requests_on_their_headers
 
-    crawl_keys.make_not_dumpable()  # crawls run as this user: they must not read its environment or memory
+    make_not_dumpable()  # crawls run as this user: they must not read its environment or memory
     refusal = open_to_the_network(config)
     if refusal:
         raise pgconfig.ConfigurationError(refusal)

@@ -6,10 +6,15 @@ reads no file, and containers pass secrets through the environment.
 
 from __future__ import annotations
 
+import configparser
 import os
+import pkgutil
+import re
 import socket
 import uuid
 from dataclasses import dataclass, field
+
+from scrapyd.config import Config
 
 DATABASE_URL_OPTION = "database_url"
 DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
@@ -24,6 +29,26 @@ DEFAULT_TREE_MAX_JOBS = 100_000
 
 # Identifies this Scrapyd process: its row in scrapyd_node and the owner (lease holder) of the jobs it claims.
 WORKER_ID = uuid.uuid4().hex
+
+
+_URL_SCHEME = re.compile(r"^postgres(ql)?(\+psycopg2)?://")
+
+
+def url_ambiguity(url: str) -> str | None:
+    """Why libpq may read ``url`` otherwise than its writer meant, without quoting any of it; None: it will not.
+
+    libpq ends the user and password at the first '@' and the host at the first '/': a password with an unencoded
+    '@' or '/' sends the rest of it as the host (which errors then show), and other parsers (SQLAlchemy's, urllib's)
+    also split at '#', '?' and ':'. Whatever precedes the URL's last '@' is taken for the user and password."""
+    matched = _URL_SCHEME.match(url.strip())
+    rest = url.strip()[matched.end():] if matched else ""  # a key=value string quotes its values: never ambiguous
+    if "@" not in rest:
+        return None
+    user, _, password = rest[:rest.rindex("@")].partition(":")
+    if any(mark in password for mark in "@/#?:") or any(mark in user for mark in "@/#?"):
+        return ("an unencoded '@', '/', '#', '?' or ':' in its user or password (before its last '@'), which libpq "
+                "would read as the end of that part: percent-encode them (%40, %2F, %23, %3F, %3A)")
+    return None
 
 
 class ConfigurationError(RuntimeError):
@@ -69,7 +94,7 @@ class Settings:
     past_due_seconds: float = 60.0
     # Seconds between two VACUUMs of spider_job by the nodes that finish crawls (store/maintenance.py); 0: off.
     vacuum_interval: float = 5.0
-    # Bytes of a request's body, checked before it is read (request_limits.py); addversion.json's: max_egg_bytes.
+    # Bytes of a request's body, checked before it is read (web/request_limits.py); addversion.json's: max_egg_bytes.
     max_request_bytes: int = 8 * 1024 * 1024
     max_egg_bytes: int = 100 * 1024 * 1024
     # Crawls forked from a warm process per project version (node/warm.py) instead of a new Python each.
@@ -124,7 +149,6 @@ def database_url(config=None) -> str:
 
 def unambiguous(url: str, source: str) -> str:
     """``url``, or a ConfigurationError (which quotes none of it) when libpq may read it otherwise than meant."""
-    from scrapyd_pgqueue.sql import url_ambiguity  # psycopg2's import: not for every crawl that reads this module
 
     ambiguity = url_ambiguity(url)
     if ambiguity:
@@ -213,3 +237,68 @@ def settings(config=None) -> Settings:
             "raise lease_seconds"
         )
     return result
+
+
+# --- the one line's defaults: what ``application = scrapyd_pgqueue.application`` installs -------------------------
+# Read by the node (``application.py``) and by every crawl's runner, cold (``runner.py``) or warm.
+COMPONENTS = {
+    "spiderqueue": "scrapyd_pgqueue.PostgresSpiderQueue",
+    "jobstorage": "scrapyd_pgqueue.PostgresJobStorage",
+    "poller": "scrapyd_pgqueue.PostgresPoller",
+    "launcher": "scrapyd_pgqueue.PostgresLauncher",
+    "eggstorage": "scrapyd_pgqueue.PostgresEggStorage",
+    "webroot": "scrapyd_pgqueue.web.root.Root",
+    "runner": "scrapyd_pgqueue.runner",
+}
+SERVICES = {
+    "schedule.json": "scrapyd_pgqueue.services.jobs.Schedule",
+    "schedule_batch.json": "scrapyd_pgqueue.services.jobs.ScheduleBatch",
+    "status.json": "scrapyd_pgqueue.services.jobs.Status",
+    "listjobs.json": "scrapyd_pgqueue.services.jobs.ListJobs",
+    "daemonstatus.json": "scrapyd_pgqueue.services.jobs.DaemonStatus",
+    "cancel.json": "scrapyd_pgqueue.services.jobs.Cancel",
+    "logs": "scrapyd_pgqueue.services.jobs.Logs",
+    "addperiodic.json": "scrapyd_pgqueue.services.schedules.AddPeriodic",
+    "listperiodic.json": "scrapyd_pgqueue.services.schedules.ListPeriodic",
+    "delperiodic.json": "scrapyd_pgqueue.services.schedules.DelPeriodic",
+    "pauseperiodic.json": "scrapyd_pgqueue.services.schedules.PausePeriodic",
+    "resumeperiodic.json": "scrapyd_pgqueue.services.schedules.ResumePeriodic",
+    "tree.json": "scrapyd_pgqueue.services.trees.Tree",
+    "stats.json": "scrapyd_pgqueue.services.stats.JobStats",
+    "alive.json": "scrapyd_pgqueue.services.jobs.Alive",
+    # Scrapyd's own, answering off the reactor: they read the eggs in the database.
+    "addversion.json": "scrapyd_pgqueue.services.eggs.AddVersion",
+    "listversions.json": "scrapyd_pgqueue.services.eggs.ListVersions",
+    "listspiders.json": "scrapyd_pgqueue.services.eggs.ListSpiders",
+    "delproject.json": "scrapyd_pgqueue.services.eggs.DeleteProject",
+    "delversion.json": "scrapyd_pgqueue.services.eggs.DeleteVersion",
+}
+
+def scrapyd_defaults() -> configparser.ConfigParser:
+    """Scrapyd's own default configuration (the first file it reads)."""
+    defaults = configparser.ConfigParser()
+    defaults.read_string(pkgutil.get_data("scrapyd", "default_scrapyd.conf").decode())
+    return defaults
+
+
+def apply_defaults(config) -> None:
+    """Give every option still at Scrapyd's default (or unset) the cluster's value, in a ``scrapyd.config.Config``."""
+    defaults = scrapyd_defaults()
+    parser = config.cp
+    for section, values in (("scrapyd", COMPONENTS), ("services", SERVICES)):
+        if not parser.has_section(section):
+            parser.add_section(section)
+        for option, value in values.items():
+            current = parser.get(section, option, fallback=None)
+            if current is None or current == defaults.get(section, option, fallback=None):
+                parser.set(section, option, value)
+
+
+
+class OneLineConfig(Config):
+    """Scrapyd's configuration with the one-line node's defaults applied (``apply_defaults``): what a crawl's runner
+    reads, so it finds the eggs in the database and not in Scrapyd's egg folder."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        apply_defaults(self)

@@ -19,7 +19,7 @@ The parent is the running crawl: Scrapyd gives it its job id as the spider argum
 launcher as ``SCRAPY_JOB``). A crawl holds no database URL: it asks the node that runs it, over the node's Unix socket
 (``SCRAPYD_PGQUEUE_NODE_ADDRESS``), with a token of its own job (``SCRAPYD_PGQUEUE_CRAWL_TOKEN``) that dies with it.
 The node decides the project (the crawl's own) and refuses a parent outside the crawl's tree (``node/crawl_api.py``;
-the crawl's side is ``crawl_node.py``, standard library only). Nothing here imports Twisted's reactor (the pipeline
+the crawl's side is ``crawl_process/crawl_node.py``, standard library only). Nothing here imports Twisted's reactor (the pipeline
 uses the one the crawl runs): a crawl pays nothing to import this module.
 """
 
@@ -31,7 +31,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scrapyd_pgqueue.crawl_node import (  # noqa: F401 - the API's errors and variables, importable from here
+from scrapyd_pgqueue.crawl_process.crawl_node import (  # noqa: F401 - the API's errors and variables, importable from here
     JOB_VARIABLE,
     NODE_ADDRESS_VARIABLE,
     TOKEN_VARIABLE,

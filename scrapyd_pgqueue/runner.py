@@ -9,32 +9,23 @@ its asyncio reactor, and every crawl would fail.
 
 from __future__ import annotations
 
-from scrapyd_pgqueue.node.crawl_keys import make_not_dumpable
+from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
 
 if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, other crawls lose sight of its token
     make_not_dumpable()
 
 from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above
-from scrapyd.config import Config
 
-from scrapyd_pgqueue import deprecated_names, stats_extension
-from scrapyd_pgqueue.application import apply_defaults
+from scrapyd_pgqueue.config import OneLineConfig  # noqa: E402
+from scrapyd_pgqueue.crawl_process import stats_extension  # noqa: E402
+from scrapyd_pgqueue.former_paths import deprecated_names  # noqa: E402
 
-
-class OneLineConfig(Config):
-    """Scrapyd's configuration with the one-line node's defaults applied (``application.apply_defaults``)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        apply_defaults(self)
-
-
-__getattr__ = deprecated_names(__name__, {"ClusterConfig": "scrapyd_pgqueue.runner.OneLineConfig"})  # a former name
+__getattr__ = deprecated_names(__name__, {"ClusterConfig": "scrapyd_pgqueue.config.OneLineConfig"})  # a former name
 
 
 def main():
     scrapyd_runner.Config = OneLineConfig  # project_environment() builds its egg storage from Config()
-    stats_extension.install()  # the crawl reports its stats to its node (job_stats.py)
+    stats_extension.install()  # the crawl reports its stats to its node (crawl_process/job_stats.py)
     scrapyd_runner.main()
 
 

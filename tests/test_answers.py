@@ -1,4 +1,4 @@
-"""answers.py: the JSON values the services and the operator command's ``--json`` share (pure functions)."""
+"""services/answers.py: the JSON values the services and the operator command's ``--json`` share (pure functions)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 import datetime
 import json
 
-from scrapyd_pgqueue.answers import FAILURES_SHOWN, plain, tree_answer
+from scrapyd_pgqueue.services.answers import FAILURES_SHOWN, plain, tree_answer
 from scrapyd_pgqueue.store import JobRow, TreeView
 
 START = datetime.datetime(2026, 11, 24, 10, 0, 0, tzinfo=datetime.timezone.utc)

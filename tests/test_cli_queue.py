@@ -14,7 +14,7 @@ import subprocess
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.models import FAILED, LOST
+from scrapyd_pgqueue.migrations.models import FAILED, LOST
 from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL
 from helpers import COMMAND, finish, run, run_json, skewed_clock
 

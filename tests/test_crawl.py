@@ -15,7 +15,8 @@ import textwrap
 
 import pytest
 
-from scrapyd_pgqueue import cli, crawl, crawl_node
+from scrapyd_pgqueue import cli, crawl
+from scrapyd_pgqueue.crawl_process import crawl_node
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
 from helpers import crawl_api_server, query
 

@@ -8,8 +8,8 @@ import json
 import pytest
 from selenium.webdriver.common.by import By
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store import COUNT_CAP, OverviewStore, overview
 from helpers import csp_violations, jobs, query, runs_of, schedule, screenshot, table_rows, wait_for
 

@@ -20,7 +20,8 @@ from scrapyd.config import Config
 
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue, db
+from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue
+from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.node import notifications
@@ -182,7 +183,7 @@ def test_a_refused_connection_is_waited_for_and_said_once_with_a_count(role_with
     holder = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
     threading.Timer(2.0, holder.close).start()  # the server has room again in 2 s
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="scrapyd_pgqueue.db"):
+    with caplog.at_level(logging.WARNING, logger="scrapyd_pgqueue.store.db"):
         JobStore.for_url(role_with_one_connection).enqueue("p", {"name": "s", "_job": "waited"})
     waited = time.monotonic() - started
     refusals = [record.getMessage() for record in caplog.records if "refused a connection" in record.getMessage()]

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import db
 from helpers import image_pinned, jobs, query, runs, runs_of, schedule, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent

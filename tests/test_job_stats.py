@@ -1,4 +1,4 @@
-"""A job's stats as values (job_stats.py) and as the node reads them from a crawl's pipe (node/crawl_stats.py): pure
+"""A job's stats as values (crawl_process/job_stats.py) and as the node reads them from a crawl's pipe (node/crawl_stats.py): pure
 functions, no process."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import datetime
 import json
 import math
 
-from scrapyd_pgqueue.job_stats import MAX_LINE_BYTES, json_safe, stats_summary
-from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.crawl_process.job_stats import MAX_LINE_BYTES, json_safe, stats_summary
+from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 
 

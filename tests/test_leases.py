@@ -13,7 +13,7 @@ import time
 
 from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
 from helpers import connect, jobs, query, runs_of, schedule, wait_for
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from scrapyd_pgqueue import cli
-from scrapyd_pgqueue.job_requests import RefusedJob, periodic_job
+from scrapyd_pgqueue.store.job_requests import RefusedJob, periodic_job
 from scrapyd_pgqueue.node.periodic import MAX_SLEEP, MIN_SLEEP, PeriodicFirer
 from scrapyd_pgqueue.store import (
     InvalidScheduleError,

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import Engine, PoolTimeout
-from scrapyd_pgqueue.sql import IntegrityError
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import Engine, PoolTimeout
+from scrapyd_pgqueue.store.sql import IntegrityError
 from helpers import query, wait_for
 
 

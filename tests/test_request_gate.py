@@ -1,7 +1,7 @@
 """Who may send what, judged on a request's headers by a real node over real HTTP: an anonymous 95 MB upload is
 answered 401 at its headers and never read into memory; the read-only credential reads and writes nothing; a
 browser's cross-site POST is refused and stores nothing; every response carries the framing and content policies.
-The rules themselves (``request_gate.py``) are pure functions, tested alone at the end."""
+The rules themselves (``web/request_gate.py``) are pure functions, tested alone at the end."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from twisted.web.http_headers import Headers
 
 from scrapyd_pgqueue.config import ConfigurationError
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.request_gate import Credentials, basic_pair, is_own_origin, refusal
+from scrapyd_pgqueue.web.request_gate import Credentials, basic_pair, is_own_origin, refusal
 from scrapyd_pgqueue.web.page import POLICY
 from helpers import database_with_secret_owner, query
 

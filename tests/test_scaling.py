@@ -10,7 +10,7 @@ import psycopg2
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.store import JobStore, OverviewStore
 from helpers import connect, node_role, query
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import scrapyd_pgqueue
-from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import db
 from helpers import connect
 
 SCHEMA_FILE = Path(scrapyd_pgqueue.__file__).parent / "store" / "schema.sql"

@@ -19,8 +19,8 @@ import pytest
 import requests
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue import roles as roles_module
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store import roles as roles_module
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG, LocalCluster
 from scrapyd_pgqueue.store import JobStore
 from helpers import connect, ends, jobs, query, schedule, wait_for
@@ -232,7 +232,7 @@ def test_a_spider_that_replaces_its_log_with_a_fifo_delays_no_finish(database_ur
 
 # --- what grant names, and what it leaves alone ------------------------------------------------------------------
 
-# The objects a migrated schema holds (tables, sequences, functions), as roles.py names them.
+# The objects a migrated schema holds (tables, sequences, functions), as store/roles.py names them.
 SCHEMA_OBJECTS = """
     SELECT CASE WHEN c.relkind = 'S' THEN 'sequence' ELSE 'table' END, c.relname::text FROM pg_class AS c
     WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'f')

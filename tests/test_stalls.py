@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-from scrapyd_pgqueue import db
+from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.local.devdb import free_port
 from scrapyd_pgqueue.store import AllJobsStore, JobStore
-from scrapyd_pgqueue.offload import WEB_THREADS
+from scrapyd_pgqueue.web.offload import WEB_THREADS
 from helpers import health, jobs, query, runs, runs_of, schedule, timed, wait_for
 
 # Short leases and timings, so that a stall or cut of two leases takes seconds: with a lease of 6 s, stop sends

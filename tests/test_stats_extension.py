@@ -1,4 +1,4 @@
-"""The crawl's side of its stats (stats_extension.py), over a real pipe: what it writes, and what it leaves alone."""
+"""The crawl's side of its stats (crawl_process/stats_extension.py), over a real pipe: what it writes, and what it leaves alone."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import os
 from types import SimpleNamespace
 
-from scrapyd_pgqueue.job_stats import MAX_LINE_BYTES
-from scrapyd_pgqueue.stats_extension import Channel, ReportStats
+from scrapyd_pgqueue.crawl_process.job_stats import MAX_LINE_BYTES
+from scrapyd_pgqueue.crawl_process.stats_extension import Channel, ReportStats
 
 
 class Stats:

@@ -2,8 +2,8 @@
 
 import datetime
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store import JobStore
 from helpers import claim_in_processes
 

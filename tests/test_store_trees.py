@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from scrapyd_pgqueue.models import FAILED
+from scrapyd_pgqueue.migrations.models import FAILED
 from scrapyd_pgqueue.store import AllJobsStore, InvalidJobError, JobOptions, JobStore
 from helpers import connect, query, wait_for
 

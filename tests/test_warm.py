@@ -1,4 +1,4 @@
-"""Warm starts (node/warm.py, warm_process.py): real nodes forking real crawls, checked by what the crawls record."""
+"""Warm starts (node/warm.py, crawl_process/warm_process.py): real nodes forking real crawls, checked by what the crawls record."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def finished(url, *names, outcome="finished", timeout=60):
 
 
 def warm_processes(node) -> set[int]:
-    """Pids of the node's warm processes (its children running scrapyd_pgqueue.warm_process)."""
+    """Pids of the node's warm processes (its children running scrapyd_pgqueue.crawl_process.warm_process)."""
     found = set()
     for entry in os.listdir("/proc"):
         try:
@@ -102,7 +102,7 @@ def warm_processes(node) -> set[int]:
             command = open(f"/proc/{entry}/cmdline", "rb").read()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == node.process.pid and b"scrapyd_pgqueue.warm_process" in command:
+        if ppid == node.process.pid and b"scrapyd_pgqueue.crawl_process.warm_process" in command:
             found.add(int(entry))
     return found
 

@@ -85,7 +85,7 @@ def run(ctx: Context) -> dict:
     statements_source, created_extension = _enable_pg_stat_statements(ctx.database_url)
     # The bench process's own pooled connections (schema migration, ...) may hold unreported statistics, which an
     # idle backend reports on a 10 s timer, into a window: closed, they report now.
-    from scrapyd_pgqueue import db
+    from scrapyd_pgqueue.store import db
 
     db.get_engine(ctx.database_url).dispose()
     cells = [(nodes, projects) for nodes in sizes.nodes for projects in sizes.projects]
@@ -316,7 +316,7 @@ class Node:
 
 class Simulation:
     def __init__(self, url: str, sizes: Sizes, with_statements: bool, workdir: Path, log):
-        from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.store import db
 
         self.url, self.sizes, self.with_statements, self.log = url, sizes, with_statements, log
         self.workdir = workdir
@@ -571,7 +571,7 @@ def _notes(series: dict, sizes: Sizes, statements_source: str | None) -> list[st
         "stmt = client-side count (SQLAlchemy before_cursor_execute on the package's engine): the SQL the pollers "
         "send, one count() or one claim each, each in autocommit with the package's SET LOCAL timeouts in the same "
         "query string (one round trip, one transaction). Nothing else goes to the server: no BEGIN/COMMIT, and no "
-        "ping (a pooled connection is checked by looking at its socket, scrapyd_pgqueue.db)",
+        "ping (a pooled connection is checked by looking at its socket, scrapyd_pgqueue.store.db)",
         "xact = pg_stat_database xact_commit + xact_rollback deltas of the bench database, exact: ticking stops and "
         "the pool is closed at both ends of the window, so every backend has reported; the bench's own reads and "
         "the connections the simulation opens are subtracted. 'xact unexplained' = xact - stmt: what the "

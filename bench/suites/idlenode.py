@@ -41,7 +41,7 @@ STATEMENTS_TARGET = 2.0  # per node per tick
 
 
 def run(ctx: Context) -> dict:
-    from scrapyd_pgqueue import db
+    from scrapyd_pgqueue.store import db
     from scrapyd_pgqueue.local.devdb import LocalPostgres
 
     server = LocalPostgres(settings=SERVER_LOG)

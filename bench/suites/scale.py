@@ -34,7 +34,7 @@ front of it. Everything is removed at the end, whatever happens.
    logs) matching CONNECTION_ERRORS.
 3. **Simulated nodes** (series ``simulated``): lightweight nodes that send a node's real statements through the
    package's store (no SQL of their own), through PgBouncer, to a Postgres with ``max_connections = 50``. Each
-   simulated node has its own engine (``scrapyd_pgqueue.db.get_engine``, pool of 2, no overflow, its two
+   simulated node has its own engine (``scrapyd_pgqueue.store.db.get_engine``, pool of 2, no overflow, its two
    connections opened at start as a busy node's pool ends up) on a URL of its own (``?application_name=sim-<n>``,
    so PgBouncer sees one client per connection, named), and does what ``PostgresLauncher`` and
    ``PostgresPoller`` do: ``register_node``; every ``heartbeat_interval`` (5 s) the node's tick, ``node_tick``
@@ -51,7 +51,7 @@ front of it. Everything is removed at the end, whatever happens.
    the feeder) and their ratio, backends (peak), PgBouncer's clients and waiting clients, claim latency (measured
    around ``claim_next_jobs`` in the simulated node's thread: pool checkout, PgBouncer, Postgres, and the
    simulator's own GIL and CPU), heartbeat latency, timer lateness of the claim ticks, errors
-   (``scrapyd_pgqueue.db.DatabaseError``, and anything else separately), and the CPU used by the simulator,
+   (``scrapyd_pgqueue.store.db.DatabaseError``, and anything else separately), and the CPU used by the simulator,
    Postgres, PgBouncer and the whole machine (``/proc``): on 2 cores, the simulator competes with Postgres.
 """
 
@@ -238,7 +238,7 @@ class Servers:
         self.fd_limit = None
 
     def start(self) -> Servers:
-        from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.store import db
         from scrapyd_pgqueue.local import devdb
 
         self.postgres = devdb.LocalPostgres(settings={"max_connections": str(self.max_connections)})
@@ -918,7 +918,7 @@ class Feeder(threading.Thread):
         self.first_error = None
 
     def run(self) -> None:
-        from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.store import db
         from scrapyd_pgqueue.store import JobStore
 
         engine = db.get_engine(f"{self.url}?application_name=scale-feeder", migrate_schema=False,
@@ -1288,7 +1288,7 @@ class SimNode:
     """One simulated Scrapyd node: its own engine and worker id, the launcher's and the poller's statements."""
 
     def __init__(self, number: int, simulation: Simulation):
-        from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.store import db
         from scrapyd_pgqueue.store import JobStore
 
         parameters = simulation.parameters
@@ -1362,7 +1362,7 @@ class SimNode:
 
     # LeaseKeeper: the node's tick every heartbeat_interval (bounded by it), recovery once healthy for a lease.
     def beat(self, due: float) -> None:
-        from scrapyd_pgqueue import db
+        from scrapyd_pgqueue.store import db
 
         if self.stopping:
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from scrapyd_pgqueue.answers import plain
+from scrapyd_pgqueue.services.answers import plain
 
 
 def subcommand(parsers, database_url_argument, name: str, run, help_text: str):

@@ -75,7 +75,7 @@ def duration(text: str) -> datetime.timedelta:
 
 
 def run_status(args) -> int:
-    from scrapyd_pgqueue import db
+    from scrapyd_pgqueue.store import db
 
     store = all_jobs_store(args)
     pending = store.pending_by_spider()
@@ -227,7 +227,7 @@ def run_enqueue(args) -> int:
 
     from tqdm import tqdm
 
-    from scrapyd_pgqueue.job_requests import RefusedJob, job_from_json
+    from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json
     from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
 
     store = JobStore.for_url(args.database_url)

@@ -20,10 +20,10 @@ from scrapyd.exceptions import DirectoryTraversalError
 from scrapyd.interfaces import IJobStorage
 from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.log_files import read_log_tail
-from scrapyd_pgqueue.statuses import FINISHED
+from scrapyd_pgqueue.web.log_files import read_log_tail
+from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store import AllJobsStore, JobStore, QueueMaintenance, local_time
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 

@@ -40,9 +40,9 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
-from scrapyd_pgqueue.job_stats import INTERVAL_VARIABLE, STATS_FD
-from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
-from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.crawl_process.job_stats import INTERVAL_VARIABLE, STATS_FD
+from scrapyd_pgqueue.store.statuses import CANCELLED, FAILED, FINISHED, PENDING
+from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node.crawl_api import SOCKET_DIRECTORY, CrawlApi
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment, node_secrets
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
@@ -52,7 +52,7 @@ from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.node.watchdog import Watchdog
 from scrapyd_pgqueue.node.webhooks import WebhookSender
 from scrapyd_pgqueue.store import JobStore, WatchdogLimits
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 
@@ -324,7 +324,7 @@ class PostgresLauncher(Launcher):
         """A crawl cannot fetch its egg itself (it holds no database URL): a job whose egg the database could not give
         goes back to the queue; one whose egg is refused (altered in the database) or could not be kept (a full
         disk) fails, with the reason, and nothing runs it."""
-        from scrapyd_pgqueue.db import DatabaseError
+        from scrapyd_pgqueue.store.db import DatabaseError
 
         if self.stopping and claimed is not None:
             self.unstarted.append(claimed)
@@ -358,7 +358,7 @@ class PostgresLauncher(Launcher):
             env = environment.get_environment(message, slot)
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
             env[crawl.JOB_VARIABLE] = message["_job"]
-            env[INTERVAL_VARIABLE] = f"{self.settings.stats_interval:g}"  # the crawl's stats (job_stats.py)
+            env[INTERVAL_VARIABLE] = f"{self.settings.stats_interval:g}"  # the crawl's stats (crawl_process/job_stats.py)
             if egg is not None:
                 env[EGG_FILE_VARIABLE] = egg
             process.env = crawl_environment(env, self.secrets)

@@ -17,11 +17,11 @@ from zope.interface import implementer
 from scrapyd.interfaces import IPoller
 from scrapyd.utils import get_spider_queues
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.node.periodic import PeriodicFirer
 from scrapyd_pgqueue.store import NOTIFY_CHANNEL, Claim, ClaimedJob, JobStore
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 

@@ -2,8 +2,8 @@
 
 from alembic import context
 
-from scrapyd_pgqueue.db import VERSION_TABLE
-from scrapyd_pgqueue.models import Base
+from scrapyd_pgqueue.store.db import VERSION_TABLE
+from scrapyd_pgqueue.migrations.models import Base
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=Base.metadata, version_table=VERSION_TABLE)

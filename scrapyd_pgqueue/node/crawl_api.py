@@ -25,10 +25,10 @@ from twisted.internet import reactor
 from twisted.logger import Logger
 from twisted.web import resource, server
 
-from scrapyd_pgqueue import offload
-from scrapyd_pgqueue.crawl_node import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
-from scrapyd_pgqueue.request_gate import Credentials
-from scrapyd_pgqueue.request_limits import bounded_request_class
+from scrapyd_pgqueue.web import offload
+from scrapyd_pgqueue.crawl_process.crawl_node import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
+from scrapyd_pgqueue.web.request_gate import Credentials
+from scrapyd_pgqueue.web.request_limits import bounded_request_class
 
 log = Logger()
 
@@ -138,7 +138,7 @@ class CrawlApi(resource.Resource):
 
     def schedule(self, scope: CrawlScope, objects: list) -> dict:
         """Thread: check and store the jobs of one crawl's request, in its scope."""
-        from scrapyd_pgqueue.job_requests import RefusedJob, job_from_json
+        from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json
         from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
 
         requests = []
@@ -170,7 +170,7 @@ class CrawlApi(resource.Resource):
                                "schedules children of its own job or of its own tree's jobs only")
 
     def _failed(self, failure) -> tuple[int, dict]:
-        from scrapyd_pgqueue.db import DatabaseError
+        from scrapyd_pgqueue.store.db import DatabaseError
 
         if failure.check(Refused):
             return failure.value.code, self._error(failure.value)

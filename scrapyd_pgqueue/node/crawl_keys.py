@@ -4,13 +4,12 @@ A spider is untrusted code running as the node's user. Scrapyd copies the node's
 and every ``scrapy list``; the node's environment holds the database URL (with its password), the HTTP password and,
 under the chart, ``DATABASE_PASSWORD``. ``crawl_environment`` is the one decision of what a crawl may see: the
 cluster's secret variables go by name, and any variable whose value holds one of the node's secret values goes too
-(a Secret mounted under a name of the operator's choosing). The node itself is made not dumpable at start, so a crawl
-of the same user cannot read ``/proc/<node>/environ`` or attach to it.
+(a Secret mounted under a name of the operator's choosing). The node itself is made not dumpable at start
+(``crawl_process/not_dumpable.py``), so a crawl of the same user cannot read ``/proc/<node>/environ`` or attach to it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Iterable, Mapping
 from urllib.parse import unquote, urlsplit
@@ -23,7 +22,6 @@ SECRET_VARIABLES = frozenset({
 })
 # A secret value shorter than this is matched whole only: as a substring it would take PATH and friends with it.
 SUBSTRING_MINIMUM = 6
-PR_SET_DUMPABLE = 4
 
 
 def node_secrets(config, settings) -> set[str]:
@@ -58,12 +56,3 @@ def crawl_environment(environment: Mapping[str, str], secrets: Iterable[str]) ->
         name: value for name, value in environment.items()
         if name not in SECRET_VARIABLES and value not in short and not any(secret in value for secret in long)
     }
-
-
-def make_not_dumpable() -> None:
-    """This process's memory and ``/proc/<pid>/environ``, ``maps``, ``mem`` become unreadable (and it cannot be
-    traced) by any process of the same user that is not root: the crawls."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_DUMPABLE, 0) failed: {os.strerror(errno)}")

@@ -1,4 +1,4 @@
-"""The node's side of its crawls' stats (``job_stats.py``): read from each crawl's descriptor 3, kept per crawl, written
+"""The node's side of its crawls' stats (``crawl_process/job_stats.py``): read from each crawl's descriptor 3, kept per crawl, written
 by the node's tick and with the finish.
 
 ``CrawlStats`` (one per crawl, ``process.crawl_stats``) is fed on the reactor thread with what the pipe gives. It
@@ -20,11 +20,11 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from scrapyd_pgqueue.job_stats import (
+from scrapyd_pgqueue.crawl_process.job_stats import (
     ERROR_COUNTS, FINISH_REASON, ITEMS, MAX_LINE_BYTES, REQUESTS, RESPONSES, json_safe,
 )
-from scrapyd_pgqueue.node import metrics
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.web import metrics
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 trouble = ThrottledLog(lambda message: log.warn("{message}", message=message))

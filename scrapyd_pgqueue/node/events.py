@@ -23,7 +23,7 @@ from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.store import (
     CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, AllJobsStore, EggStore, signal_number,
 )
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 

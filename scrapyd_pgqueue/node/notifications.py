@@ -22,8 +22,8 @@ import uuid
 import psycopg2
 from psycopg2 import sql
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from twisted.python.failure import Failure
 
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.store import PERIODIC_CHANNEL, Firing, ScheduleStore
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 

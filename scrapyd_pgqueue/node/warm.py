@@ -1,6 +1,6 @@
 """Warm starts (``warm_start = on``): crawls forked from a warm process per project version, on the reactor thread.
 
-A warm process (``scrapyd_pgqueue/warm_process.py``) has imported one project version once; each crawl is a fork
+A warm process (``scrapyd_pgqueue/crawl_process/warm_process.py``) has imported one project version once; each crawl is a fork
 of it, so it reaches its spider in tens of milliseconds instead of a quarter of a second of imports. To the
 launcher a forked crawl looks like a spawned one: the node makes its stdout, stderr and stats pipes and reads them as
 Twisted reads a child's, ``WarmCrawl`` is its transport (the real pid, ``signalProcess``), and ``processEnded``
@@ -27,9 +27,9 @@ from twisted.internet.process import ProcessReader
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from scrapyd_pgqueue import warm_process
+from scrapyd_pgqueue.crawl_process import warm_process
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
-from scrapyd_pgqueue.job_stats import STATS_FD
+from scrapyd_pgqueue.crawl_process.job_stats import STATS_FD
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 log = Logger()

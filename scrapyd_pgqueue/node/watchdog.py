@@ -24,9 +24,9 @@ import time
 from twisted.internet import error, task
 from twisted.logger import Logger
 
-from scrapyd_pgqueue.job_stats import REPORTING_RUNNER
+from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER
 from scrapyd_pgqueue.node.warm import WarmCrawl
-from scrapyd_pgqueue.statuses import STALLED, TIMEOUT
+from scrapyd_pgqueue.store.statuses import STALLED, TIMEOUT
 
 log = Logger()
 

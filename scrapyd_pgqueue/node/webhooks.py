@@ -27,10 +27,10 @@ from typing import Any
 from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.job_stats import stats_summary
-from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
+from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.store.webhooks import JOB_EVENTS, Attempt, DueEvent, WebhookStore
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 

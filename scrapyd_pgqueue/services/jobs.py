@@ -24,10 +24,10 @@ from scrapyd.utils import get_file_path
 from scrapyd.webservice import WsResource, param, spider_list
 from scrapyd.website import File
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue import offload
-from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.job_requests import (
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.web import offload
+from scrapyd_pgqueue.store.db import DatabaseError
+from scrapyd_pgqueue.store.job_requests import (
     MAX_BATCH_JOBS,
     OPTION_FIELDS,
     RefusedJob,
@@ -35,9 +35,9 @@ from scrapyd_pgqueue.job_requests import (
     job_from_json,
     options_from_fields,
 )
-from scrapyd_pgqueue.job_stats import stats_summary
-from scrapyd_pgqueue.log_files import is_inside, open_log
-from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
+from scrapyd_pgqueue.web.log_files import is_inside, open_log
+from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
 from scrapyd_pgqueue.store import (
@@ -49,7 +49,7 @@ from scrapyd_pgqueue.store import (
     cancel_signal,
     local_time,
 )
-from scrapyd_pgqueue.stored_logs import clamp_suffix_ranges, render_stored_log
+from scrapyd_pgqueue.web.stored_logs import clamp_suffix_ranges, render_stored_log
 
 log = Logger()
 
@@ -155,7 +155,7 @@ class DaemonStatus(DatabaseService):
     """This node as Scrapyd reports it (running: its own crawls), and the cluster under ``cluster``.
 
     Answered within a second whatever the database does (health checks and probes read it): the counts are read in
-    threads of their own (``offload.py``) with PROBE_SECONDS to answer, pool wait included. A database that does
+    threads of their own (``web/offload.py``) with PROBE_SECONDS to answer, pool wait included. A database that does
     not answer in time gives Scrapyd's error (``status`` is not "ok": the node cannot serve the cluster's API) with
     this node's ``running`` and ``"database": "unreachable"`` added.
     """

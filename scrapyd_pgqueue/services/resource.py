@@ -9,8 +9,9 @@ from twisted.web import error, http, resource
 
 from scrapyd.webservice import WsResource
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue import deprecated_names, offload
-from scrapyd_pgqueue.db import DatabaseError
+from scrapyd_pgqueue.former_paths import deprecated_names
+from scrapyd_pgqueue.web import offload
+from scrapyd_pgqueue.store.db import DatabaseError
 from scrapyd_pgqueue.store import AllJobsStore
 
 
@@ -33,7 +34,7 @@ class DatabaseErrorsAsMessages(resource.Resource):
 
 
 class DatabaseService(offload.OffTheReactor, WsResource, DatabaseErrorsAsMessages):
-    """A JSON service over the shared queue's tables, answering off the reactor (``offload.py``)."""
+    """A JSON service over the shared queue's tables, answering off the reactor (``web/offload.py``)."""
 
     @functools.cached_property
     def settings(self) -> pgconfig.Settings:

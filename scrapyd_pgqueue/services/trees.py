@@ -11,7 +11,7 @@ from __future__ import annotations
 from twisted.web import error, http
 
 from scrapyd.webservice import param
-from scrapyd_pgqueue.answers import FAILURES_SHOWN, find_tree, tree_answer
+from scrapyd_pgqueue.services.answers import FAILURES_SHOWN, find_tree, tree_answer
 from scrapyd_pgqueue.services.resource import DatabaseService
 
 MAX_FAILURES_SHOWN = 1000  # an answer of that many failures is already long; more is a mistake (or past bigint)

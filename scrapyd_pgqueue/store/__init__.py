@@ -4,7 +4,7 @@ No Twisted and no Scrapyd imports: the store is used by the Scrapyd adapters, th
 benchmark alike. Every method runs in its own short transaction; none is held while a crawl runs.
 
 Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it (the
-claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor); only ``scrapyd_pgqueue.db``
+claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor); only ``scrapyd_pgqueue.store.db``
 knows the driver. The claim's steps are a function in the database: ``schema.sql`` holds it and the other
 database functions as the migrations leave them, with the reason for each step (a test keeps the two in step).
 
@@ -31,7 +31,7 @@ One module per concern:
 
 from __future__ import annotations
 
-from scrapyd_pgqueue import deprecated_names
+from scrapyd_pgqueue.former_paths import deprecated_names
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     ERROR,

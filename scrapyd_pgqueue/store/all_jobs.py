@@ -10,9 +10,9 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.job_stats import SUMMARY_KEYS
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.crawl_process.job_stats import SUMMARY_KEYS
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     IN_TIME,

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import Engine
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import text
 
 # Channel of the NOTIFY sent with every enqueue; the payload is the project.
 NOTIFY_CHANNEL = "scrapyd_pgqueue_jobs"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, StorePerEngine, database_errors
 
 # --- eggs ---

@@ -9,8 +9,8 @@ import math
 import uuid
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.sql import IntegrityError, text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     ERROR,
     NO_OPTIONS,

@@ -8,10 +8,10 @@ import datetime
 import json
 from dataclasses import dataclass
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import Engine
-from scrapyd_pgqueue.sql import text
-from scrapyd_pgqueue.statuses import FINISHED
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,
     ClaimedJob,

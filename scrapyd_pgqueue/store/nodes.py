@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import Engine
-from scrapyd_pgqueue.sql import DriverError, text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import DriverError, text
 from scrapyd_pgqueue.store.all_jobs import CancelRequest
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,

@@ -6,9 +6,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import Engine
-from scrapyd_pgqueue.sql import IntegrityError, text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     JOB_STATUS,
     KEY_UNLESS_TAKEN,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import StorePerEngine, database_errors, local_time
 
 # Jobs counted exactly per spider and state; beyond, the count is shown as "at least" (COUNT_CAP+).

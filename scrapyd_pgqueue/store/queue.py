@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import Engine
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store import enqueue, trees
 from scrapyd_pgqueue.store.base import (
     ERROR,

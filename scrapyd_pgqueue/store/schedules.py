@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.sql import IntegrityError, text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import IntegrityError, text
 from scrapyd_pgqueue.store import enqueue
 from scrapyd_pgqueue.store.base import (
     NOTIFY_CHANNEL,

@@ -3,7 +3,7 @@
 -- reader starts, and where the next change to one of them starts: copy the function into the new migration, change
 -- it there and here. tests/test_schema.py fails when this file and the migrated database disagree (it compares the
 -- functions' arguments, results, volatility, language, settings and bodies, comments and spacing aside).
--- Tables and indexes: scrapyd_pgqueue/models.py.
+-- Tables and indexes: scrapyd_pgqueue/migrations/models.py.
 --
 -- Every function runs with its search path pinned (0010; 0008 for scrapyd_pgqueue_wanted_nodes): the schema the
 -- migration ran in (public here), then pg_temp, last. Without it a function resolves the names in its body with its

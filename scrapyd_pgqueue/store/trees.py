@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import Engine
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     IN_TIME,

@@ -14,8 +14,8 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import StorePerEngine, database_errors, read_rows
 
 # The outcomes a hook may ask for by name (the watchdog's timeout and stalled among them), and ``ended``: any

@@ -14,9 +14,9 @@ from urllib.parse import quote
 from twisted.logger import Logger
 from twisted.web import resource, server
 
-from scrapyd_pgqueue import offload
-from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.web import offload
+from scrapyd_pgqueue.store.db import DatabaseError
+from scrapyd_pgqueue.web import metrics
 
 log = Logger()
 

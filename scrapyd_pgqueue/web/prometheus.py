@@ -1,4 +1,4 @@
-"""``/metrics``: the Prometheus text format. This node's counters and histograms (``node/metrics.py``) and the
+"""``/metrics``: the Prometheus text format. This node's counters and histograms (``metrics.py``) and the
 cluster's gauges, the same on every node (aggregate them with ``max without (instance)``).
 
 The gauges come from bounded queries (``store/overview.py``): per spider and state counted up to ``COUNT_CAP``;
@@ -10,8 +10,8 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from scrapyd_pgqueue.db import DatabaseError
-from scrapyd_pgqueue.node import metrics
+from scrapyd_pgqueue.store.db import DatabaseError
+from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.store import AllJobsStore, OverviewStore
 from scrapyd_pgqueue.web.page import ThreadedPage
 

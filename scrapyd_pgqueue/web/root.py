@@ -21,7 +21,7 @@ class Root(ScrapydRoot):
         self.putChild(b"dashboard", DashboardPage(self))
 
     def getChild(self, path, request):
-        if path == b"metrics":  # built on the first scrape, with prometheus_client (see node/metrics.py)
+        if path == b"metrics":  # built on the first scrape, with prometheus_client (see metrics.py)
             from scrapyd_pgqueue.web.prometheus import MetricsPage
 
             self.putChild(b"metrics", MetricsPage(self))

@@ -19,7 +19,7 @@ from scrapyd.app import application
 from scrapyd.interfaces import IEnvironment
 from scrapyd.webservice import spider_list
 from scrapyd.website import Root
-from scrapyd_pgqueue import db  # scrapyd_pgqueue
+from scrapyd_pgqueue.store import db  # scrapyd_pgqueue
 from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE  # scrapyd_pgqueue
 from helpers import connect  # scrapyd_pgqueue: tests/helpers.py
 from scrapyd_upstream import root_add_version  # scrapyd_pgqueue: was "from tests import"

@@ -31,7 +31,7 @@ from importlib.resources import files
 
 import psycopg2
 
-from scrapyd_pgqueue.pool import (  # noqa: F401 - offered here too: the connector's callers know one module
+from scrapyd_pgqueue.store.pool import (  # noqa: F401 - offered here too: the connector's callers know one module
     STATEMENT_PREFIX,
     TCP_SETTINGS,
     TRANSACTION_CONTROL,
@@ -39,8 +39,8 @@ from scrapyd_pgqueue.pool import (  # noqa: F401 - offered here too: the connect
     Engine,
     PoolTimeout,
 )
-from scrapyd_pgqueue.sql import DriverError, IntegrityError, Statement, driver_dsn, reads_only, text  # noqa: F401
-from scrapyd_pgqueue.waits import (  # noqa: F401 - offered here too: the connector's callers know one module
+from scrapyd_pgqueue.store.sql import DriverError, IntegrityError, Statement, driver_dsn, reads_only, text  # noqa: F401
+from scrapyd_pgqueue.store.waits import (  # noqa: F401 - offered here too: the connector's callers know one module
     BUSY_SERVER_MESSAGES,
     CONNECT_TIMEOUT,
     DatabaseTimeout,

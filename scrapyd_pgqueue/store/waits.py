@@ -19,10 +19,10 @@ import time
 import psycopg2
 import psycopg2.extensions
 
-from scrapyd_pgqueue.sql import DatabaseAddress, DriverError, address_of
-from scrapyd_pgqueue.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.sql import DatabaseAddress, DriverError, address_of
+from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
-log = logging.getLogger("scrapyd_pgqueue.db")
+log = logging.getLogger("scrapyd_pgqueue.store.db")
 
 CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
 # What a server (or PgBouncer) says when it has no connection to spare, or cannot serve one yet: worth waiting for.

@@ -1,6 +1,6 @@
 """A warm process: one project version imported once, then one fork per crawl (``warm_start = on``).
 
-Started by the node (``node/warm.py``) as ``python -m scrapyd_pgqueue.warm_process FD`` with the project's
+Started by the node (``node/warm.py``) as ``python -m scrapyd_pgqueue.crawl_process.warm_process FD`` with the project's
 environment; FD is its end of a SOCK_SEQPACKET socket pair. It activates the egg, imports the settings module,
 the spider modules and Scrapy's default components, checks that the project left no reactor, thread or socket
 behind (a fork would share them), freezes the heap (``gc.freeze``: copy-on-write pages stay shared) and serves:
@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 
-from scrapyd_pgqueue.node.crawl_keys import make_not_dumpable
+from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
 
 PR_SET_PDEATHSIG = 1
 # The protocol, written here once: the node's half (``node/warm.py``) imports it.
@@ -60,8 +60,8 @@ def import_project(project: str) -> None:
     """What a crawl of this project imports before its spider starts, in the order ``scrapy crawl`` does."""
     from scrapyd import runner as scrapyd_runner
 
-    from scrapyd_pgqueue import stats_extension
-    from scrapyd_pgqueue.runner import OneLineConfig
+    from scrapyd_pgqueue.crawl_process import stats_extension
+    from scrapyd_pgqueue.config import OneLineConfig
 
     scrapyd_runner.Config = OneLineConfig
     stats_extension.install()  # as the runner does for a cold crawl

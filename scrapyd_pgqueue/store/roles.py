@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import psycopg2.extensions
 from psycopg2 import sql
 
-from scrapyd_pgqueue import db
-from scrapyd_pgqueue.pool import STATEMENT_TIMEOUT_MS, Engine
-from scrapyd_pgqueue.sql import text
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.pool import STATEMENT_TIMEOUT_MS, Engine
+from scrapyd_pgqueue.store.sql import text
 
 NODE_PASSWORD_VARIABLE = "SCRAPYD_NODE_PASSWORD"
 ROW_RIGHTS = "SELECT, INSERT, UPDATE, DELETE"

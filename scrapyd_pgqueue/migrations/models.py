@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from scrapyd_pgqueue.statuses import (  # noqa: F401 - the models' names for them
+from scrapyd_pgqueue.store.statuses import (  # noqa: F401 - the models' names for them
     CANCELLED, DEAD, DELAYED, FAILED, FINISHED, INTERRUPTED, LOST, ONGOING, OUTCOMES, PENDING, STATUSES, TERMINATED,
 )
 

@@ -26,7 +26,7 @@ from twisted.application.service import IServiceCollection
 from twisted.web import http, resource, server
 from twisted.web.guard import HTTPAuthSessionWrapper
 
-from scrapyd_pgqueue import request_gate
+from scrapyd_pgqueue.web import request_gate
 from scrapyd_pgqueue.config import ConfigurationError
 from scrapyd_pgqueue.web.page import POLICY
 

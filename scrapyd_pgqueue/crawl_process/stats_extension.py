@@ -16,14 +16,14 @@ import os
 import stat
 import time
 
-from scrapyd_pgqueue.job_stats import (
+from scrapyd_pgqueue.crawl_process.job_stats import (
     COUNTS_SECONDS, FINISH_REASON, INTERVAL_VARIABLE, ITEMS, MAX_LINE_BYTES, REQUESTS, RESPONSES, STATS_FD, json_safe,
     summary_only,
 )
 
 logger = logging.getLogger(__name__)
 
-EXTENSION = "scrapyd_pgqueue.stats_extension.ReportStats"
+EXTENSION = "scrapyd_pgqueue.crawl_process.stats_extension.ReportStats"
 ORDER = 1000  # after Scrapy's own (0): its spider_closed handler sees what CoreStats and LogStats add at close
 DEFAULT_INTERVAL = 30.0
 

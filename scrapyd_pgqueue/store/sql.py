@@ -5,7 +5,7 @@ SQLAlchemy costs a process about 12 MB, most of an idle node's memory over stock
 passed our text statements on to the driver. The statements keep SQLAlchemy's ``text()`` spelling (``:name``
 parameters, ``\\:`` for a colon), so a query reads the same in the store, in the migrations and in a psql session;
 the results offer the part of SQLAlchemy's ``Result`` that the store uses. SQLAlchemy and Alembic stay for the
-schema (``models.py``, the migrations), imported only when the schema needs a migration.
+schema (``migrations/models.py``, the migrations), imported only when the schema needs a migration.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 
 import psycopg2
+
+from scrapyd_pgqueue.config import url_ambiguity
 
 # A parameter (``:name``, and ``:name::type``, which SQLAlchemy's text() misreads): not a cast (``::type``), not an
 # escaped colon (``\:``), not a colon inside a word (``'12:30'``).
@@ -34,26 +36,6 @@ class DatabaseAddress:
     port: int | None
     database: str | None
     username: str | None
-
-
-_URL_SCHEME = re.compile(r"^postgres(ql)?(\+psycopg2)?://")
-
-
-def url_ambiguity(url: str) -> str | None:
-    """Why libpq may read ``url`` otherwise than its writer meant, without quoting any of it; None: it will not.
-
-    libpq ends the user and password at the first '@' and the host at the first '/': a password with an unencoded
-    '@' or '/' sends the rest of it as the host (which errors then show), and other parsers (SQLAlchemy's, urllib's)
-    also split at '#', '?' and ':'. Whatever precedes the URL's last '@' is taken for the user and password."""
-    matched = _URL_SCHEME.match(url.strip())
-    rest = url.strip()[matched.end():] if matched else ""  # a key=value string quotes its values: never ambiguous
-    if "@" not in rest:
-        return None
-    user, _, password = rest[:rest.rindex("@")].partition(":")
-    if any(mark in password for mark in "@/#?:") or any(mark in user for mark in "@/#?"):
-        return ("an unencoded '@', '/', '#', '?' or ':' in its user or password (before its last '@'), which libpq "
-                "would read as the end of that part: percent-encode them (%40, %2F, %23, %3F, %3A)")
-    return None
 
 
 def driver_dsn(url: str) -> str:
