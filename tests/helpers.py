@@ -424,8 +424,17 @@ class WebhookReceiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release.set()  # a request still held is let go
+        self.stop()
 
     def bodies(self) -> list[dict]:
         with self.lock:

@@ -38,6 +38,13 @@ def secret_file(tmp_path):
     return str(path)
 
 
+@pytest.fixture
+def receiver():
+    """A real HTTP receiver for the hooks, stopped after the test."""
+    with WebhookReceiver() as receiver:
+        yield receiver
+
+
 def add_hook(url, hook_url, events, *extra):
     return run_json(url, "webhook", "add", hook_url, "--on", events, *extra)["id"]
 
@@ -172,12 +179,11 @@ def test_a_late_record_after_another_node_took_the_event_over_is_dropped(databas
 # --- real nodes, real crawls, a real receiver ---------------------------------------------------------------------
 
 
-def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(database, start_cluster, secret_file):
+def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(database, start_cluster, secret_file,
+                                                                          receiver):
     url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
-    with_receiver = WebhookReceiver()
-    slack = WebhookReceiver()
-    try:
-        add_hook(url, with_receiver.url, "failed", "--secret-file", secret_file)
+    with WebhookReceiver() as slack:
+        add_hook(url, receiver.url, "failed", "--secret-file", secret_file)
         add_hook(url, slack.url, "failed", "--format", "slack", "--project", "example", "--secret-file",
                  secret_file)
         cluster = start_cluster(url, 2, max_proc="4", **FAST_HOOKS)
@@ -185,14 +191,14 @@ def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(databa
         jobs = {f"fail-{i}" for i in range(FAILED_JOBS)}
         for i, job in enumerate(sorted(jobs)):
             schedule(cluster.nodes[i % 2], job, fail="1")
-        wait_for(lambda: len(with_receiver.received) >= FAILED_JOBS and len(slack.received) >= FAILED_JOBS,
+        wait_for(lambda: len(receiver.received) >= FAILED_JOBS and len(slack.received) >= FAILED_JOBS,
                  60 + FAILED_JOBS, "every failed job's deliveries")
         print(f"{FAILED_JOBS} failed crawls delivered to two hooks in {time.monotonic() - started:.1f}s")
         wait_for(lambda: query(url, "SELECT count(*) FROM webhook_event") == [(0,)], 30, "an empty outbox")
-        bodies = with_receiver.bodies()
+        bodies = receiver.bodies()
         assert len(bodies) == FAILED_JOBS  # exactly once each with no outage
         assert {body["job"] for body in bodies} == jobs and len({body["id"] for body in bodies}) == FAILED_JOBS
-        assert all(valid_signature(headers, body) for headers, body in with_receiver.received)
+        assert all(valid_signature(headers, body) for headers, body in receiver.received)
         assert all(body["event"] == body["outcome"] == "failed" and body["spider"] == "sleeper" for body in bodies)
         assert all(body["log_url"] == f"/logs/example/sleeper/{body['job']}.log" for body in bodies)
         assert len(slack.received) == FAILED_JOBS
@@ -208,82 +214,66 @@ def test_failed_crawls_are_each_delivered_once_signed_and_in_slack_format(databa
         delivered = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                         if line.startswith('scrapyd_pgqueue_webhook_deliveries_total{outcome="delivered"}'))
         assert delivered == 2 * FAILED_JOBS
-    finally:
-        with_receiver.stop()
-        slack.stop()
 
 
-def test_a_receiver_down_gets_every_event_once_it_is_up(database, start_cluster):
+def test_a_receiver_down_gets_every_event_once_it_is_up(database, start_cluster, receiver):
     url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
-    receiver = WebhookReceiver()
-    try:
-        add_hook(url, receiver.url, "ended")
-        receiver.stop()  # down: connections refused
-        cluster = start_cluster(url, 2, max_proc="4", **FAST_HOOKS)
-        down_at = time.monotonic()
-        jobs = {f"job-{i}" for i in range(10)}
-        for i, job in enumerate(sorted(jobs)):
-            schedule(cluster.nodes[i % 2], job, **({"fail": "1"} if i % 2 else {}))
-        [hook] = wait_for(lambda: [h for h in run_json(url, "webhook", "list")["webhooks"] if h["last_error"]],
-                          60, "the failed attempts' last error")
-        assert "Connection refused" in hook["last_error"] and hook["deliveries"] == 0
-        listing = run(url, "webhook", "list").stdout
-        assert "Connection refused" in listing
-        time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down_at)))  # the outage itself, not a race
-        assert not receiver.received
-        receiver.start()
-        up_at = time.monotonic()
-        wait_for(lambda: {body["job"] for body in receiver.bodies()} == jobs, 30, "every event after the outage")
-        print(f"outage {OUTAGE_SECONDS:g}s; every event delivered {time.monotonic() - up_at:.1f}s after it ended")
-        outcomes = {body["job"]: body["outcome"] for body in receiver.bodies()}
-        assert sorted(outcomes.values()) == ["failed"] * 5 + ["finished"] * 5
-    finally:
-        receiver.stop()
+    add_hook(url, receiver.url, "ended")
+    receiver.stop()  # down: connections refused
+    cluster = start_cluster(url, 2, max_proc="4", **FAST_HOOKS)
+    down_at = time.monotonic()
+    jobs = {f"job-{i}" for i in range(10)}
+    for i, job in enumerate(sorted(jobs)):
+        schedule(cluster.nodes[i % 2], job, **({"fail": "1"} if i % 2 else {}))
+    [hook] = wait_for(lambda: [h for h in run_json(url, "webhook", "list")["webhooks"] if h["last_error"]],
+                      60, "the failed attempts' last error")
+    assert "Connection refused" in hook["last_error"] and hook["deliveries"] == 0
+    listing = run(url, "webhook", "list").stdout
+    assert "Connection refused" in listing
+    time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down_at)))  # the outage itself, not a race
+    assert not receiver.received
+    receiver.start()
+    up_at = time.monotonic()
+    wait_for(lambda: {body["job"] for body in receiver.bodies()} == jobs, 30, "every event after the outage")
+    print(f"outage {OUTAGE_SECONDS:g}s; every event delivered {time.monotonic() - up_at:.1f}s after it ended")
+    outcomes = {body["job"]: body["outcome"] for body in receiver.bodies()}
+    assert sorted(outcomes.values()) == ["failed"] * 5 + ["finished"] * 5
 
 
-def test_a_node_killed_during_a_delivery_loses_no_event(database, start_cluster):
+def test_a_node_killed_during_a_delivery_loses_no_event(database, start_cluster, receiver):
     url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
-    receiver = WebhookReceiver()
     receiver.hold.set()  # the first delivery is taken in and never answered
-    try:
-        add_hook(url, receiver.url, "ended")
-        cluster = start_cluster(url, 2, max_proc="2", **FAST_HOOKS)
-        schedule(cluster.nodes[0], "held-job")
-        wait_for(lambda: receiver.held, 60, "the delivery to be in progress")
-        [(worker,)] = query(url, "SELECT claimed_by FROM webhook_event")
-        [(name,)] = query(url, "SELECT name FROM scrapyd_node WHERE id = %s", (worker,))
-        sender = next(node for node in cluster.nodes if node.name == name)
-        sender.kill()
-        killed_at = time.monotonic()
-        [body] = wait_for(receiver.bodies, 60, "the event delivered by the other node")
-        print(f"delivered by the survivor {time.monotonic() - killed_at:.1f}s after the kill")
-        assert body["job"] == "held-job" and body["id"] == json.loads(receiver.held[0][1])["id"]
-        wait_for(lambda: query(url, "SELECT count(*) FROM webhook_event") == [(0,)], 30, "an empty outbox")
-    finally:
-        receiver.release.set()
-        receiver.stop()
+    add_hook(url, receiver.url, "ended")
+    cluster = start_cluster(url, 2, max_proc="2", **FAST_HOOKS)
+    schedule(cluster.nodes[0], "held-job")
+    wait_for(lambda: receiver.held, 60, "the delivery to be in progress")
+    [(worker,)] = query(url, "SELECT claimed_by FROM webhook_event")
+    [(name,)] = query(url, "SELECT name FROM scrapyd_node WHERE id = %s", (worker,))
+    sender = next(node for node in cluster.nodes if node.name == name)
+    sender.kill()
+    killed_at = time.monotonic()
+    [body] = wait_for(receiver.bodies, 60, "the event delivered by the other node")
+    print(f"delivered by the survivor {time.monotonic() - killed_at:.1f}s after the kill")
+    assert body["job"] == "held-job" and body["id"] == json.loads(receiver.held[0][1])["id"]
+    wait_for(lambda: query(url, "SELECT count(*) FROM webhook_event") == [(0,)], 30, "an empty outbox")
 
 
-def test_a_tree_done_and_a_skipped_periodic_firing_arrive(database, start_cluster):
+def test_a_tree_done_and_a_skipped_periodic_firing_arrive(database, start_cluster, receiver):
     url, _ = database  # the nodes' role owns the schema (whoever migrates first does)
-    receiver = WebhookReceiver()
-    try:
-        add_hook(url, receiver.url, "tree_done,periodic_skipped")
-        cluster = start_cluster(url, 2, max_proc="2", **FAST_HOOKS)
-        schedule(cluster.nodes[0], "root-job", seconds="0", _on_complete="sleeper")
-        run(url, "periodic", "add", "slow", "--project", "example", "--spider", "sleeper", "--every", "1", "-a",
-            "seconds=6")
+    add_hook(url, receiver.url, "tree_done,periodic_skipped")
+    cluster = start_cluster(url, 2, max_proc="2", **FAST_HOOKS)
+    schedule(cluster.nodes[0], "root-job", seconds="0", _on_complete="sleeper")
+    run(url, "periodic", "add", "slow", "--project", "example", "--spider", "sleeper", "--every", "1", "-a",
+        "seconds=6")
 
-        def arrived(event):
-            return [body for body in receiver.bodies() if body["event"] == event]
+    def arrived(event):
+        return [body for body in receiver.bodies() if body["event"] == event]
 
-        [tree] = wait_for(lambda: arrived("tree_done"), 60, "the tree_done event")
-        assert (tree["project"], tree["root"], tree["jobs"], tree["cancelled"]) == ("example", "root-job", 1, False)
-        assert tree["completion_job"]
-        skipped = wait_for(lambda: arrived("periodic_skipped"), 60, "a periodic_skipped event")
-        assert skipped[0]["periodic"] == "slow" and skipped[0]["spider"] == "sleeper" and skipped[0]["running_job"]
-    finally:
-        receiver.stop()
+    [tree] = wait_for(lambda: arrived("tree_done"), 60, "the tree_done event")
+    assert (tree["project"], tree["root"], tree["jobs"], tree["cancelled"]) == ("example", "root-job", 1, False)
+    assert tree["completion_job"]
+    skipped = wait_for(lambda: arrived("periodic_skipped"), 60, "a periodic_skipped event")
+    assert skipped[0]["periodic"] == "slow" and skipped[0]["spider"] == "sleeper" and skipped[0]["running_job"]
 
 
 def test_bad_webhook_input_gets_a_clear_error(database_url, tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib.util
 import json
 import os
 import random
@@ -28,6 +29,7 @@ import signal
 import socket
 import sys
 
+from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
 
 PR_SET_PDEATHSIG = 1
@@ -119,6 +121,8 @@ class WarmProcess:
         self.selector = selectors.DefaultSelector()
         self.crawls: dict[int, tuple[int, int]] = {}  # pidfd -> (crawl number, pid)
         self.closing = False
+        # argv[0] of each crawl, as a cold crawl of the runner has it (its module is not imported here).
+        self.runner_file = importlib.util.find_spec(REPORTING_RUNNER).origin
 
     def send(self, message: dict) -> None:
         self.control.send(json.dumps(message).encode())
@@ -179,7 +183,7 @@ class WarmProcess:
             os.environ.update(request[ENV])
             if settings_module is not None:
                 os.environ.setdefault("SCRAPY_SETTINGS_MODULE", settings_module)  # as the egg's activation does
-            sys.argv = [sys.modules["scrapyd_pgqueue.runner"].__file__, *request[ARGS][3:]]
+            sys.argv = [self.runner_file, *request[ARGS][3:]]
             random.seed()
             gc.enable()
             code = self.execute()
