@@ -65,6 +65,10 @@ def non_negative(value: str) -> float:
 
 
 def _interrupt(signum, frame):
+    # From the first signal on, the clean-up runs to its end: a second Ctrl-C (impatient, or a terminal that sends
+    # it again) would otherwise interrupt the stop with a traceback and leave nodes or the database behind.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt  # SIGTERM (docker stop, kill) stops the cluster like Ctrl-C
 
 
@@ -102,8 +106,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         print("\nStopping ...", flush=True)
         return 0
     finally:
-        # A second Ctrl-C must not cut the clean-up short and leave nodes or the database behind.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # ended otherwise than by a signal: the same clean-up
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if cluster is not None:
             cluster.stop()
