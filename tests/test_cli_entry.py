@@ -12,15 +12,16 @@ from pathlib import Path
 from helpers import COMMAND, wait_for
 
 
-def processes_naming(directory) -> list[int]:
-    """Pids of the live processes whose command line names ``directory``."""
+def processes_in_group(group: int) -> list[int]:
+    """Pids of the live processes of a process group (what a terminal's Ctrl-C reaches)."""
     pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if str(directory).encode() in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
+            fields = stat.read_text().rpartition(")")[2].split()  # after the command's name, which may hold spaces
         except OSError:
-            pass  # gone meanwhile
+            continue  # gone meanwhile
+        if int(fields[2]) == group and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
     return pids
 
 
@@ -37,7 +38,7 @@ def test_ctrl_c_stops_every_node_it_started_and_exits_cleanly(database_url, tmp_
             lines.append(line)
         [node_url] = re.findall(r"node1: (http://\S+)", "".join(lines))
         assert urllib.request.urlopen(f"{node_url}daemonstatus.json", timeout=30).status == 200
-        assert len(processes_naming(tmp_path)) >= 2  # the command, and the node it started in that directory
+        assert len(processes_in_group(process.pid)) >= 2  # the command, and the node it started
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: to the command and every node it started
         out, err = process.communicate(timeout=90)
     finally:
@@ -46,4 +47,4 @@ def test_ctrl_c_stops_every_node_it_started_and_exits_cleanly(database_url, tmp_
     assert process.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "Stopping ..." in out
-    wait_for(lambda: processes_naming(tmp_path) == [], 30, "every node process gone")
+    wait_for(lambda: processes_in_group(process.pid) == [], 30, "every node process gone")
