@@ -70,7 +70,8 @@ class PostgresJobStorage:
         self.tidy()
 
     def record(self, job):
-        """Write a finished job's row and log; raises when the finish is not written (the caller retries it)."""
+        """Write a finished job's row and log; raises when the finish is not written (the caller retries it). ``job``
+        is a launcher's process protocol: Scrapyd's knows no claim, outcome or stats (read with defaults)."""
         claimed = getattr(job, "claimed", None)
         if claimed is not None:
             self.save_log(job)  # first: once any node reports the job finished, its log is there to serve

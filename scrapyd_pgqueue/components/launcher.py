@@ -40,6 +40,7 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.contracts import IClaimingPoller, IEggFiles, IRecordingJobStorage
 from scrapyd_pgqueue.job_stats import INTERVAL_VARIABLE, STATS_FD
 from scrapyd_pgqueue.statuses import CANCELLED, FAILED, FINISHED, PENDING
 from scrapyd_pgqueue.node import metrics
@@ -132,6 +133,11 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
 class PostgresLauncher(Launcher):
     def __init__(self, config, app):
         super().__init__(config, app)
+        # What the configured components give beyond Scrapyd's interfaces (Scrapyd's own give none, and still work):
+        # claims to record the crawls on, eggs as files, finishes written apart from their pruning.
+        self.claiming = IClaimingPoller(app.getComponent(IPoller), None)
+        self.egg_files = IEggFiles(app.getComponent(IEggStorage), None)
+        self.recording = IRecordingJobStorage(self.finished, None)
         self.settings = pgconfig.settings(config)
         self.store = JobStore.for_settings(self.settings)
         self.url = self._node_url(config)
@@ -184,9 +190,8 @@ class PostgresLauncher(Launcher):
         """Graceful stop (see the module's docstring); twistd waits for the returned Deferred."""
         self.stopping = True
         self.webhooks.stop()  # an event it was sending is sent again by another node after its lease
-        stop_claiming = getattr(self.poller, "stop", None)
-        if stop_claiming is not None:
-            stop_claiming()
+        if self.claiming is not None:
+            self.claiming.stop()
         stopping = self._stop_gracefully()
         stopping.addErrback(lambda failure: log.failure("Graceful stop failed", failure))
         return stopping.addBoth(lambda _: super(PostgresLauncher, self).stopService())
@@ -262,7 +267,8 @@ class PostgresLauncher(Launcher):
         """Any thread: the jobs this node runs or is about to run (copies: the reactor changes the originals)."""
         running = [*self.processes.copy().values(), *list(self.unrecorded)]
         known_ids = {process.claimed.id for process in running if process.claimed is not None}
-        known_ids.update(claimed.id for claimed in getattr(self.poller, "claims", {}).copy().values())
+        if self.claiming is not None:
+            known_ids.update(self.claiming.claimed_ids())
         return known_ids
 
     def learn(self, tick, read_at: float):
@@ -271,9 +277,8 @@ class PostgresLauncher(Launcher):
         self._log_released(tick.recovered, "was recovered from a node whose lease expired")
         self._log_released(tick.released, "was claimed by this node but its claim's reply was lost")
         self.events.learn(tick.cancels, tick.eggs, read_at)
-        periodic = getattr(self.poller, "periodic", None)
-        if periodic is not None:
-            periodic.due_in(tick.periodic_due_in)
+        if self.claiming is not None:
+            self.claiming.periodic_due_in(tick.periodic_due_in)
         self.webhooks.due_in(tick.webhooks_due_in)
 
     def _hand_back_lease_lost_claims(self):
@@ -305,17 +310,15 @@ class PostgresLauncher(Launcher):
     # --- crawls ----------------------------------------------------------------------------------------------
 
     def _spawn_process(self, message, slot):
-        take_claim = getattr(self.poller, "take_claim", None)
-        claimed = take_claim(message) if take_claim is not None else None
+        claimed = self.claiming.take_claim(message) if self.claiming is not None else None
         if self.stopping:  # claimed while the stop began: handed back with the rest
             if claimed is not None:
                 self.unstarted.append(claimed)
             return
         # The node fetches the egg (from its cache when current), so the crawl opens no database connection.
-        egg_file = getattr(self.app.getComponent(IEggStorage), "egg_file", None)
-        if egg_file is None:
+        if self.egg_files is None:
             return self._spawn_crawl(None, message, slot, claimed)
-        threads.deferToThread(egg_file, message["_project"], message.get("_version")).addCallbacks(
+        threads.deferToThread(self.egg_files.egg_file, message["_project"], message.get("_version")).addCallbacks(
             self._spawn_crawl, self._egg_not_fetched, callbackArgs=(message, slot, claimed),
             errbackArgs=(message, slot, claimed),
         )
@@ -435,7 +438,7 @@ class PostgresLauncher(Launcher):
         """Thread: write each finish on its own, so that one that fails holds back no other, then prune once;
         return (written, failed). A batch stops after about one database_timeout: a stalled database costs one wait
         per heartbeat, not one per finish."""
-        record = getattr(self.finished, "record", self.finished.add)  # add() prunes after each finish
+        record = self.finished.add if self.recording is None else self.recording.record  # add() prunes after each
         stop_at = time.monotonic() + self.settings.database_timeout
         recorded, failed, error = [], [], None
         for process in batch:
@@ -448,8 +451,8 @@ class PostgresLauncher(Launcher):
                 error = error or e
             else:
                 recorded.append(process)
-        if recorded and hasattr(self.finished, "tidy"):
-            self.finished.tidy()  # never raises
+        if recorded and self.recording is not None:
+            self.recording.tidy()  # never raises
         if failed:
             metrics.DATABASE_ERRORS.labels("record").inc(len(failed))
             jobs = ", ".join(process.job for process in failed[:5]) + (", ..." if len(failed) > 5 else "")

@@ -68,7 +68,7 @@ class CrawlApi(resource.Resource):
     def admit(self, project: str, job: str, claimed) -> dict[str, str]:
         """A new token for a crawl about to start: the variables its environment gets (never logged)."""
         token = secrets.token_urlsafe(32)
-        self.scopes[token] = CrawlScope(project, job, getattr(claimed, "id", None))
+        self.scopes[token] = CrawlScope(project, job, None if claimed is None else claimed.id)
         return {TOKEN_VARIABLE: token, NODE_ADDRESS_VARIABLE: self.address}
 
     def forget(self, environment: dict) -> None:

@@ -19,6 +19,7 @@ from scrapyd.interfaces import IEggStorage, ISpiderScheduler
 from scrapyd.webservice import spider_list
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.contracts import IEggFiles
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.store import (
     CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, AllJobsStore, EggStore, signal_number,
@@ -100,7 +101,7 @@ class ClusterEvents:
         request that cannot be delivered costs no other request its delivery."""
         for request in requests:
             for process in list(self.launcher.processes.values()):
-                claimed = getattr(process, "claimed", None)
+                claimed = process.claimed
                 same_job = claimed.id == request.id if claimed is not None else (
                     (process.project, process.job) == (request.project, request.job))
                 if not same_job or request.requests <= process.cancels_delivered:
@@ -128,7 +129,7 @@ class ClusterEvents:
             log.error("Could not signal job {job} of project {project}: {error}", job=job, project=project, error=e)
             return
         process.cancel_signal = signal
-        if getattr(process, "stop_asked_at", None) is None:  # cancel_timeout runs from the first (node/watchdog.py)
+        if process.stop_asked_at is None:  # cancel_timeout runs from the first (node/watchdog.py)
             process.stop_asked_at = time.monotonic()
 
     def refresh_projects(self, projects, read_at: float) -> bool:
@@ -152,12 +153,12 @@ class ClusterEvents:
     def prune_egg_cache(self):
         """Delete this node's cached eggs that the database no longer has, off the reactor (a stock egg storage
         keeps its own files)."""
-        prune = getattr(self.launcher.app.getComponent(IEggStorage), "prune_cache", None)
-        if prune is None:
+        egg_files = IEggFiles(self.launcher.app.getComponent(IEggStorage), None)
+        if egg_files is None:
             return None
         in_use = {process.env.get(EGG_FILE_VARIABLE) for process in self.launcher.processes.values()}
         return (
-            threads.deferToThread(prune, in_use)
+            threads.deferToThread(egg_files.prune_cache, in_use)
             .addCallback(self._egg_cache_pruned)
             .addErrback(lambda failure: self.trouble.report(
                 f"Pruning the egg cache failed: {failure.getErrorMessage()}", key="egg cache"))

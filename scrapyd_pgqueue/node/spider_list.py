@@ -15,11 +15,12 @@ from scrapyd.exceptions import RunnerError
 from scrapyd.interfaces import IEggStorage
 
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.contracts import IEggFiles
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 
 class NodeSpiderList(webservice.SpiderList):
-    eggstorage = None  # the node's; its egg_file() fetches an egg into the node's cache
+    egg_files: IEggFiles | None = None  # the node's egg storage, when it fetches eggs into the node's cache
     secrets: frozenset[str] = frozenset()
 
     def set(self, project, version, *, runner):
@@ -29,9 +30,8 @@ class NodeSpiderList(webservice.SpiderList):
         env["SCRAPY_PROJECT"] = project
         if version:
             env["SCRAPYD_EGG_VERSION"] = version
-        egg_file = getattr(self.eggstorage, "egg_file", None)
-        if egg_file is not None:
-            env[EGG_FILE_VARIABLE] = egg_file(project, version)
+        if self.egg_files is not None:
+            env[EGG_FILE_VARIABLE] = self.egg_files.egg_file(project, version)
         process = Popen([sys.executable, "-m", runner, "list", "-s", "LOG_STDOUT=0"], stdout=PIPE, stderr=PIPE, env=env)
         stdout, stderr = process.communicate()
         if process.returncode:
@@ -44,6 +44,6 @@ class NodeSpiderList(webservice.SpiderList):
 
 def install(app, secrets) -> None:
     """Make Scrapyd's one spider list (which its services and ours import by name) this node's."""
-    NodeSpiderList.eggstorage = app.getComponent(IEggStorage)
+    NodeSpiderList.egg_files = IEggFiles(app.getComponent(IEggStorage), None)
     NodeSpiderList.secrets = frozenset(secrets)
     webservice.spider_list.__class__ = NodeSpiderList
