@@ -1,7 +1,7 @@
 """This node's crawls: each crawl's process and how it ended, and the set of them as ``node/`` sees it.
 
-``PostgresProcessProtocol`` is the launcher's process protocol: Scrapyd's, plus the claim it runs on, how it ended (outcome,
-exit code, reason), what the watchdog and the cancel requests did to it, and what it reported of its stats.
+``PostgresProcessProtocol`` is the launcher's process protocol: Scrapyd's, plus the claim it runs on, how it ended
+(outcome, exit code, reason), what the watchdog and the cancel requests did to it, and what it reported of its stats.
 
 ``NodeCrawls`` (``contracts.INodeCrawls``) holds the running crawls (the launcher's ``processes``, by slot) and the
 ended ones whose finish is not written yet: finishes are written off the reactor, each on its own, and those that

@@ -71,8 +71,10 @@ class Status(DatabaseService):
         self.check_project(project)
         currstate = self.store.job_status(job, project)
         # Crawl trees: the job's parent and its tree's root (itself for a root), null for an unknown job.
-        parent, root = self.store.lineage(job, project) or (None, None)
-        return {"currstate": currstate, "parent": parent, "root": root}
+        lineage = self.store.lineage(job, project)
+        if lineage is None:
+            return {"currstate": currstate, "parent": None, "root": None}
+        return {"currstate": currstate, "parent": lineage.parent, "root": lineage.root}
 
 
 class ListJobs(DatabaseService):
