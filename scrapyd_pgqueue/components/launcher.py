@@ -37,10 +37,10 @@ from twisted.python.failure import Failure
 from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller, ISpiderScheduler
 from scrapyd.launcher import Launcher, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IClaimingPoller, IEggFiles
+from scrapyd_pgqueue.crawl_node import JOB_VARIABLE
 from scrapyd_pgqueue.job_stats import INTERVAL_VARIABLE, STATS_FD
 from scrapyd_pgqueue.statuses import FAILED, PENDING
 from scrapyd_pgqueue.node import metrics
@@ -288,7 +288,7 @@ class PostgresLauncher(Launcher):
             message["settings"].update(environment.get_settings(message))
             env = environment.get_environment(message, slot)
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
-            env[crawl.JOB_VARIABLE] = message["_job"]
+            env[JOB_VARIABLE] = message["_job"]
             env[INTERVAL_VARIABLE] = f"{self.settings.stats_interval:g}"  # the crawl's stats (job_stats.py)
             if egg is not None:
                 env[EGG_FILE_VARIABLE] = egg

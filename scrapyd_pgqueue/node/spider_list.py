@@ -16,6 +16,8 @@ from scrapyd.interfaces import IEggStorage
 
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IEggFiles
+from scrapyd_pgqueue.crawl_node import VERSION_VARIABLE
+from scrapyd_pgqueue.warm_process import PROJECT_VARIABLE
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 
@@ -27,9 +29,9 @@ class NodeSpiderList(webservice.SpiderList):
         """As Scrapyd's: ``scrapy list`` of the project's version, cached; in the crawl's environment."""
         env = crawl_environment(os.environ, self.secrets)
         env["PYTHONIOENCODING"] = "UTF-8"
-        env["SCRAPY_PROJECT"] = project
+        env[PROJECT_VARIABLE] = project
         if version:
-            env["SCRAPYD_EGG_VERSION"] = version
+            env[VERSION_VARIABLE] = version
         if self.egg_files is not None:
             env[EGG_FILE_VARIABLE] = self.egg_files.egg_file(project, version)
         process = Popen([sys.executable, "-m", runner, "list", "-s", "LOG_STDOUT=0"], stdout=PIPE, stderr=PIPE, env=env)
