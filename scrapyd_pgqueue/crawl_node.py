@@ -15,6 +15,8 @@ from typing import Any
 
 # The crawl's job id, as the node's launcher gives it.
 JOB_VARIABLE = "SCRAPY_JOB"
+# The crawl's project, as Scrapyd names it (a warm process imports the project it names, ``warm_process.py``).
+PROJECT_VARIABLE = "SCRAPY_PROJECT"
 # The egg version the crawl runs, when its job was pinned to one (Scrapyd sets it): children run the same.
 VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
 # Set by the node's launcher in every crawl's environment (never logged): where its node listens, and the crawl's

@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 
+from scrapyd_pgqueue.crawl_node import PROJECT_VARIABLE
 from scrapyd_pgqueue.job_stats import STATS_FD
 from scrapyd_pgqueue.node.crawl_keys import make_not_dumpable
 
@@ -37,7 +38,6 @@ MAX_MESSAGE = 4 * 1024 * 1024  # a crawl's arguments and environment; the node c
 CONTROL_FD = 3  # this process's end of its socket pair, as the node spawns it (and names it in argv)
 CRAWL_FDS = 3  # the descriptors sent with a crawl request: its stdout, stderr and stats pipes, in that order
 NODE_PID_VARIABLE = "SCRAPYD_PGQUEUE_NODE_PID"  # the node, whose death ends this process (its parent may not be)
-PROJECT_VARIABLE = "SCRAPY_PROJECT"  # the project to import, named as Scrapyd names it for a crawl
 CRAWL, ARGS, ENV = "crawl", "args", "env"  # the keys of a message node -> here
 READY, COLD, PID, STATUS = "ready", "cold", "pid", "status"  # the keys of the messages here -> node
 # Modules every crawl imports after its start; imported here, they cost a crawl nothing.

@@ -16,8 +16,7 @@ from scrapyd.interfaces import IEggStorage
 
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IEggFiles
-from scrapyd_pgqueue.crawl_node import VERSION_VARIABLE
-from scrapyd_pgqueue.warm_process import PROJECT_VARIABLE
+from scrapyd_pgqueue.crawl_node import PROJECT_VARIABLE, VERSION_VARIABLE
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 

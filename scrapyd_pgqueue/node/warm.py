@@ -29,6 +29,7 @@ from twisted.python.failure import Failure
 
 from scrapyd_pgqueue import warm_process
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.crawl_node import PROJECT_VARIABLE
 from scrapyd_pgqueue.job_stats import STATS_FD
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
@@ -132,7 +133,7 @@ class WarmProcess:
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         project, egg = key
         # Without the node's secrets: every crawl forked from it holds this process's first environment in memory.
-        env = {**crawl_environment(os.environ, pool.secrets), warm_process.PROJECT_VARIABLE: project,
+        env = {**crawl_environment(os.environ, pool.secrets), PROJECT_VARIABLE: project,
                EGG_FILE_VARIABLE: egg, warm_process.NODE_PID_VARIABLE: str(os.getpid())}
         control = warm_process.CONTROL_FD
         args = [sys.executable, "-m", warm_process.__name__, str(control)]
