@@ -92,17 +92,21 @@ class INodeRoot(Interface):
     names no webroot)."""
 
     settings = Attribute("The node's settings (``config.Settings``): the database every answer reads, its limits.")
+
+    # What the answers and pages say of this node, and link to.
     node_name = Attribute("This node's name: the pages say which node shows them, /jobs which jobs ran here.")
     logs_dir = Attribute("This node's log directory ('' for none): logs serves its files before the stored tails.")
-    runner = Attribute("The crawl runner: schedule.json and addperiodic.json check the spider with its `scrapy list`.")
-    eggstorage = Attribute("The node's egg storage: schedule.json checks that a pinned version exists.")
-    poller = Attribute("The node's poller: its ``queues`` are the projects this node knows (others are refused).")
-    launcher = Attribute("The node's launcher: daemonstatus.json counts its ``processes``, /metrics its ``max_proc``.")
-    prefix_header = Attribute("The header of a reverse proxy's path prefix: the pages' links start with it.")
     local_items = Attribute("Whether items are files under items_dir: /jobs links them.")
+    prefix_header = Attribute("The header of a reverse proxy's path prefix: the pages' links start with it.")
 
     def get_log_url(job):
         """The URL of a job's log file on this node, None when it has none: listjobs.json's and /jobs' links."""
 
     def get_item_url(job):
         """The URL of a job's items on this node, None when it has none: listjobs.json's and /jobs' links."""
+
+    # What a request is checked against, and what this node runs.
+    runner = Attribute("The crawl runner: schedule.json and addperiodic.json check the spider with its `scrapy list`.")
+    eggstorage = Attribute("The node's egg storage: schedule.json checks that a pinned version exists.")
+    poller = Attribute("The node's poller: its ``queues`` are the projects this node knows (others are refused).")
+    launcher = Attribute("The node's launcher: daemonstatus.json counts its ``processes``, /metrics its ``max_proc``.")
