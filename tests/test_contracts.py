@@ -1,7 +1,6 @@
 """Each of the package's parts provides the contract it declares (``scrapyd_pgqueue/contracts.py``), with every
 member's signature: the launcher, node/ and the services rely on them instead of probing."""
 
-
 import pytest
 from zope.interface.verify import verifyClass
 
