@@ -64,6 +64,13 @@ signal.signal(signal.SIGUSR1, _write_modules)
 """
 # The seed article's form: the shared queue, with Scrapyd's own poller, launcher, job storage and services.
 HALF_NODE = "[scrapyd]\nspiderqueue = scrapyd_pgqueue.PostgresSpiderQueue\n[settings]\nexample = example.settings\n"
+# README's explicit form: every component and service named, no webroot (Scrapyd's own root) and Scrapyd's runner.
+EXPLICIT_NODE = "".join([
+    "[scrapyd]\n", *(f"{option} = {path}\n" for option, path in application.COMPONENTS.items()
+                    if option not in ("webroot", "runner")),
+    "[services]\n", *(f"{name} = {path}\n" for name, path in application.SERVICES.items()),
+    "[settings]\nexample = example.settings\n",
+])
 
 
 def config_from(text: str, tmp_path, monkeypatch) -> Config:
@@ -236,6 +243,16 @@ def test_a_half_configured_node_warns_at_start_up_with_the_fixing_line(database_
                    "the warning")
     assert application.ONE_LINE in log
     assert "poller = scrapyd.poller.QueuePoller" in log and "[services] status.json" in log
+
+
+def test_the_explicit_form_s_services_answer_under_scrapyd_s_own_root(database_url, start_cluster):
+    """Named without a webroot, the cluster's services hang under Scrapyd's root, which has no settings of its own:
+    they answer for the cluster all the same."""
+    (node,) = start_cluster(database_url, 1, base_config=EXPLICIT_NODE).nodes
+    assert node.get("daemonstatus.json")["status"] == "ok"
+    listed = node.get("listjobs.json", project="example")
+    assert listed["status"] == "ok" and listed["pending"] == [] and listed["finished"] == []
+    assert node.get("listperiodic.json", project="example")["status"] == "ok"
 
 
 def test_a_custom_runner_that_goes_around_the_one_line_is_named_with_the_fixing_line(tmp_path, monkeypatch):

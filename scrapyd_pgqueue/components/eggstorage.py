@@ -27,9 +27,9 @@ from zope.interface import implementer
 
 from scrapyd.eggstorage import sorted_versions
 from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
-from scrapyd.interfaces import IEggStorage
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.contracts import IEggFiles
 
 log = Logger()
 # Eggs refused this process, by row id: each is logged once, not once per job that would have run it.
@@ -69,7 +69,7 @@ def check_egg(project: str, version: str, stored, egg: bytes) -> None:
                      "sha256 stored at its deploy: refused")
 
 
-@implementer(IEggStorage)
+@implementer(IEggFiles)
 class PostgresEggStorage:
     def __init__(self, config):
         self.config = config

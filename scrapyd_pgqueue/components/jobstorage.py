@@ -17,9 +17,9 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from scrapyd.exceptions import DirectoryTraversalError
-from scrapyd.interfaces import IJobStorage
 from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.contracts import IRecordingJobStorage
 from scrapyd_pgqueue.web.log_files import read_log_tail
 from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store import AllJobsStore, JobStore, QueueMaintenance, local_time
@@ -49,7 +49,7 @@ class FinishedJob:
     env: dict = field(default_factory=dict)
 
 
-@implementer(IJobStorage)
+@implementer(IRecordingJobStorage)
 class PostgresJobStorage:
     def __init__(self, config):
         settings = pgconfig.settings(config)
@@ -70,7 +70,8 @@ class PostgresJobStorage:
         self.tidy()
 
     def record(self, job):
-        """Write a finished job's row and log; raises when the finish is not written (the caller retries it)."""
+        """Write a finished job's row and log; raises when the finish is not written (the caller retries it). ``job``
+        is a launcher's process protocol: Scrapyd's knows no claim, outcome or stats (read with defaults)."""
         claimed = getattr(job, "claimed", None)
         if claimed is not None:
             self.save_log(job)  # first: once any node reports the job finished, its log is there to serve

@@ -14,9 +14,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from scrapyd.interfaces import IPoller
 from scrapyd.utils import get_spider_queues
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.contracts import IClaimingPoller
 from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.node.periodic import PeriodicFirer
@@ -26,7 +26,7 @@ from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 log = Logger()
 
 
-@implementer(IPoller)
+@implementer(IClaimingPoller)
 class PostgresPoller:
     def __init__(self, config):
         self.config = config
@@ -40,6 +40,7 @@ class PostgresPoller:
         self.listening = False
         self.claim_errors = ThrottledLog(lambda message: log.error("{message}", message=message))
         self.due_timer = None  # a claim at the time the next delayed job is due
+        self.periodic: PeriodicFirer | None = None  # started with the listener, at the first poll
         self.update_projects()
 
     def update_projects(self):
@@ -121,6 +122,15 @@ class PostgresPoller:
         """The claim behind a message this poller handed out (the launcher makes its writes conditional on it)."""
         return self.claims.pop((message["_project"], message["_job"]), None)
 
+    def claimed_ids(self) -> set[int]:
+        """Any thread: the claims handed out and not taken yet (a copy: the reactor changes the original)."""
+        return {claimed.id for claimed in self.claims.copy().values()}
+
+    def periodic_due_in(self, seconds: float | None) -> None:
+        """Reactor thread: when the tick says the next periodic job is due (a poller not polled yet fires none)."""
+        if self.periodic is not None:
+            self.periodic.due_in(seconds)
+
     # --- wake-up ---------------------------------------------------------------------------------------------
 
     def start_listening(self):
@@ -142,5 +152,5 @@ class PostgresPoller:
     def stop(self):
         """Stop claiming (graceful shutdown); notifications are then ignored."""
         self.accepting = False
-        if getattr(self, "periodic", None) is not None:
+        if self.periodic is not None:
             self.periodic.stop()

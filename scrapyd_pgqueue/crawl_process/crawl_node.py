@@ -15,12 +15,21 @@ from typing import Any
 
 # The crawl's job id, as the node's launcher gives it.
 JOB_VARIABLE = "SCRAPY_JOB"
+# The crawl's project, as Scrapyd names it (a warm process imports the project it names, ``warm_process.py``).
+PROJECT_VARIABLE = "SCRAPY_PROJECT"
 # The egg version the crawl runs, when its job was pinned to one (Scrapyd sets it): children run the same.
 VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
 # Set by the node's launcher in every crawl's environment (never logged): where its node listens, and the crawl's
 # own token (its job's scope, valid while the crawl runs).
 NODE_ADDRESS_VARIABLE = "SCRAPYD_PGQUEUE_NODE_ADDRESS"
 TOKEN_VARIABLE = "SCRAPYD_PGQUEUE_CRAWL_TOKEN"
+# The endpoint's protocol, written here once: the node's half (``node/crawl_api.py``) imports it. The address is
+# "unix:<path>" or "tcp:<host>:<port>"; the request is a POST to SCHEDULE_PATH with the token as a bearer token and
+# {JOBS: [job, ...]}; the answer {JOBS: [{JOB: id, EXISTING: bool}, ...]}, or INDEX: the job refused.
+UNIX, TCP = "unix", "tcp"
+SCHEDULE_PATH = "/schedule"
+BEARER = "Bearer"
+JOBS, JOB, EXISTING, INDEX = "jobs", "job", "existing", "index"
 # Seconds a request waits for its node; the node bounds its database work by its database_timeout.
 NODE_TIMEOUT = 300.0
 
@@ -72,16 +81,16 @@ class Scheduler:
         ``NodeUnavailableError`` when it or its database did not answer."""
         if not jobs:
             return []
-        status, answer = _ask_node(self.address, self.token, {"jobs": jobs})
+        status, answer = _ask_node(self.address, self.token, {JOBS: jobs})
         message = str(answer.get("message", answer))
         if status == 200 and answer.get("status") == "error":  # a body over the node's max_request_bytes
             raise ValueError(message)
         if status == 200:
-            return [Enqueued(job["job"], bool(job["existing"])) for job in answer["jobs"]]
+            return [Enqueued(job[JOB], bool(job[EXISTING])) for job in answer[JOBS]]
         if status == 401:
             raise NotInACrawlError(f"cannot schedule follow-up jobs: the node refused: {message}")
         if status in (400, 403, 404):
-            raise _RefusedAt(message, answer.get("index")) if answer.get("index") is not None else ValueError(message)
+            raise _RefusedAt(message, answer[INDEX]) if answer.get(INDEX) is not None else ValueError(message)
         raise NodeUnavailableError(f"the node did not store the jobs ({status}): {message}")
 
     def enqueue_each(self, jobs: list[dict[str, Any]]) -> tuple[list, Exception | None]:
@@ -144,7 +153,7 @@ def _ask_node(address: str, token: str, body: dict) -> tuple[int, dict]:
     import socket
 
     kind, _, where = address.partition(":")
-    if kind == "unix":
+    if kind == UNIX:
         connection = http.client.HTTPConnection("localhost", timeout=NODE_TIMEOUT)
         connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.sock.settimeout(NODE_TIMEOUT)
@@ -152,10 +161,10 @@ def _ask_node(address: str, token: str, body: dict) -> tuple[int, dict]:
         host, _, port = where.rpartition(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=NODE_TIMEOUT)
     try:
-        if kind == "unix":
+        if kind == UNIX:
             connection.sock.connect(where)
-        connection.request("POST", "/schedule", json.dumps(body).encode(), {
-            "Content-Type": "application/json", "Authorization": f"Bearer {token}",
+        connection.request("POST", SCHEDULE_PATH, json.dumps(body).encode(), {
+            "Content-Type": "application/json", "Authorization": f"{BEARER} {token}",
         })
         response = connection.getresponse()
         data = response.read()

@@ -29,14 +29,16 @@ import signal
 import socket
 import sys
 
-from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER
+from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE
+from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER, STATS_FD
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
 
 PR_SET_PDEATHSIG = 1
 # The protocol, written here once: the node's half (``node/warm.py``) imports it.
 MAX_MESSAGE = 4 * 1024 * 1024  # a crawl's arguments and environment; the node checks the size it sends
+CONTROL_FD = 3  # this process's end of its socket pair, as the node spawns it (and names it in argv)
+CRAWL_FDS = 3  # the descriptors sent with a crawl request: its stdout, stderr and stats pipes, in that order
 NODE_PID_VARIABLE = "SCRAPYD_PGQUEUE_NODE_PID"  # the node, whose death ends this process (its parent may not be)
-PROJECT_VARIABLE = "SCRAPY_PROJECT"  # the project to import, named as Scrapyd names it for a crawl
 CRAWL, ARGS, ENV = "crawl", "args", "env"  # the keys of a message node -> here
 READY, COLD, PID, STATUS = "ready", "cold", "pid", "status"  # the keys of the messages here -> node
 # Modules every crawl imports after its start; imported here, they cost a crawl nothing.
@@ -137,7 +139,7 @@ class WarmProcess:
                     self.reap(key.fd)
 
     def receive(self) -> None:
-        data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, 3)
+        data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, CRAWL_FDS)
         if not data:  # the node retires this process, or is gone
             self.selector.unregister(self.control)
             self.closing = True
@@ -168,8 +170,8 @@ class WarmProcess:
             self.control.close()
             for pidfd in self.crawls:
                 os.close(pidfd)
-            if len(fds) > 2:  # the stats channel on descriptor 3 (job_stats.py), as a spawned crawl has it
-                os.dup2(fds[2], 3)  # before stdin is opened: the control socket's 3 is free now
+            if len(fds) > 2:  # the stats channel on STATS_FD (job_stats.py), as a spawned crawl has it
+                os.dup2(fds[2], STATS_FD)  # before stdin is opened: the control socket's CONTROL_FD is closed now
             stdin = os.open(os.devnull, os.O_RDONLY)
             os.dup2(stdin, 0)
             os.dup2(fds[0], 1)

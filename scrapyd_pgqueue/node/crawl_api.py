@@ -26,7 +26,9 @@ from twisted.logger import Logger
 from twisted.web import resource, server
 
 from scrapyd_pgqueue.web import offload
-from scrapyd_pgqueue.crawl_process.crawl_node import NODE_ADDRESS_VARIABLE, TOKEN_VARIABLE
+from scrapyd_pgqueue.crawl_process.crawl_node import (
+    BEARER, EXISTING, INDEX, JOB, JOBS, NODE_ADDRESS_VARIABLE, SCHEDULE_PATH, TCP, TOKEN_VARIABLE, UNIX,
+)
 from scrapyd_pgqueue.web.request_gate import Credentials
 from scrapyd_pgqueue.web.request_limits import bounded_request_class
 
@@ -68,7 +70,7 @@ class CrawlApi(resource.Resource):
     def admit(self, project: str, job: str, claimed) -> dict[str, str]:
         """A new token for a crawl about to start: the variables its environment gets (never logged)."""
         token = secrets.token_urlsafe(32)
-        self.scopes[token] = CrawlScope(project, job, getattr(claimed, "id", None))
+        self.scopes[token] = CrawlScope(project, job, None if claimed is None else claimed.id)
         return {TOKEN_VARIABLE: token, NODE_ADDRESS_VARIABLE: self.address}
 
     def forget(self, environment: dict) -> None:
@@ -94,12 +96,12 @@ class CrawlApi(resource.Resource):
             if os.path.exists(path):
                 os.unlink(path)  # a node of the same pid before this one (a container restarted)
             port = reactor.listenUNIX(path, site, mode=0o600)
-            self.address = f"unix:{path}"
+            self.address = f"{UNIX}:{path}"
         else:
             log.warn("The crawl endpoint's socket path {path} is longer than a Unix socket allows: serving on a "
                      "loopback port instead (the per-job token still guards it)", path=path)
             port = reactor.listenTCP(0, site, interface="127.0.0.1")
-            self.address = f"tcp:127.0.0.1:{port.getHost().port}"
+            self.address = f"{TCP}:127.0.0.1:{port.getHost().port}"
         return port
 
     # --- requests ---------------------------------------------------------------------------------------------
@@ -107,8 +109,8 @@ class CrawlApi(resource.Resource):
     def render_POST(self, request):
         try:
             scope = self._scope(request)
-            if request.path != b"/schedule":
-                raise Refused(404, "no such endpoint: POST /schedule")
+            if request.path != SCHEDULE_PATH.encode():
+                raise Refused(404, f"no such endpoint: POST {SCHEDULE_PATH}")
             jobs = self._jobs(request)
         except Refused as e:
             return self._answer(request, e.code, self._error(e))
@@ -121,7 +123,7 @@ class CrawlApi(resource.Resource):
     def _scope(self, request) -> CrawlScope:
         authorization = (request.getHeader(b"authorization") or b"").decode(errors="replace")
         scheme, _, token = authorization.partition(" ")
-        scope = self.scopes.get(token.strip()) if scheme.lower() == "bearer" else None
+        scope = self.scopes.get(token.strip()) if scheme.lower() == BEARER.lower() else None
         if scope is None:
             raise Refused(401, "unknown token: not a crawl running on this node (a token dies with its job)")
         return scope
@@ -132,9 +134,9 @@ class CrawlApi(resource.Resource):
             body = json.loads(request.content.read())
         except (ValueError, UnicodeDecodeError) as e:
             raise Refused(400, f"the body must be a JSON object: {e}") from None
-        if not isinstance(body, dict) or not isinstance(body.get("jobs"), list):
-            raise Refused(400, 'the body must be a JSON object {"jobs": [...]}')
-        return body["jobs"]
+        if not isinstance(body, dict) or not isinstance(body.get(JOBS), list):
+            raise Refused(400, f'the body must be a JSON object {{"{JOBS}": [...]}}')
+        return body[JOBS]
 
     def schedule(self, scope: CrawlScope, objects: list) -> dict:
         """Thread: check and store the jobs of one crawl's request, in its scope."""
@@ -157,7 +159,7 @@ class CrawlApi(resource.Resource):
             )
         except (DuplicateJobError, InvalidJobError) as e:
             raise Refused(400, str(e)) from None
-        return {"status": "ok", "jobs": [{"job": job.job, "existing": job.existing} for job in enqueued]}
+        return {"status": "ok", JOBS: [{JOB: job.job, EXISTING: job.existing} for job in enqueued]}
 
     def _check_tree(self, scope: CrawlScope, parents: list[str]) -> None:
         others = [parent for parent in parents if parent != scope.job]
@@ -183,7 +185,7 @@ class CrawlApi(resource.Resource):
     def _error(refused: Refused) -> dict:
         answer = {"status": "error", "message": str(refused)}
         if refused.index is not None:
-            answer["index"] = refused.index
+            answer[INDEX] = refused.index
         return answer
 
     def _answer(self, request, code: int, data: dict) -> bytes:

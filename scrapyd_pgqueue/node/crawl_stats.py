@@ -115,7 +115,7 @@ def stats_due(processes, interval: float) -> list[tuple[Any, CrawlStats, dict]]:
     now = time.monotonic()
     due = []
     for process in processes:
-        crawl_stats, claimed = getattr(process, "crawl_stats", None), getattr(process, "claimed", None)
+        crawl_stats, claimed = process.crawl_stats, process.claimed
         if crawl_stats is None or claimed is None:
             continue
         stats = crawl_stats.stats

@@ -4,7 +4,8 @@ Another node's cancel.json reaches the node running the job; an egg deployed thr
 here without a restart. The node's one listener (``node/notifications.py``, shared with the poller) hears both;
 NOTIFY is only a hint, so the node's tick (``JobStore.node_tick``, every heartbeat) reads the same state as the
 floor and hands it to ``learn()``; ``check()`` reads it after the listener reconnects.
-Used by ``PostgresLauncher``; runs on the reactor thread except where noted.
+Used by ``PostgresLauncher``, which gives it its crawls (``contracts.INodeCrawls``) and the parts that act on a
+change; runs on the reactor thread except where noted.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import time
 from twisted.internet import error, reactor, threads
 from twisted.logger import Logger
 
-from scrapyd.interfaces import IEggStorage, ISpiderScheduler
 from scrapyd.webservice import spider_list
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.contracts import IEggFiles, INodeCrawls
 from scrapyd_pgqueue.node import notifications
+from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.store import (
     CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, AllJobsStore, EggStore, signal_number,
 )
@@ -29,9 +31,13 @@ log = Logger()
 
 
 class ClusterEvents:
-    def __init__(self, launcher):
-        self.launcher = launcher
-        self.settings = launcher.settings
+    def __init__(self, settings, crawls: INodeCrawls, queue_holders, *, warm: WarmStarts | None,
+                 egg_files: IEggFiles | None):
+        """``queue_holders``: the components that rebuild their queues when projects change (the poller and the
+        scheduler: schedule.json and listprojects.json read them); ``warm``: the node's warm processes (None: off);
+        ``egg_files``: the egg storage that keeps the node's cached eggs (None: Scrapyd's, which keeps its own)."""
+        self.settings, self.crawls = settings, crawls
+        self.queue_holders, self.warm, self.egg_files = queue_holders, warm, egg_files
         self.trouble = ThrottledLog(lambda message: log.error("{message}", message=message))
         self.eggs: dict[str, tuple[int, int]] | None = None  # the egg catalogue last seen
         self.eggs_read_at = float("-inf")  # when the read that saw it was asked for (time.monotonic())
@@ -99,8 +105,8 @@ class ClusterEvents:
         """Signal this node's crawls once per cancel request not delivered yet (a second cancel.json forces). A
         request that cannot be delivered costs no other request its delivery."""
         for request in requests:
-            for process in list(self.launcher.processes.values()):
-                claimed = getattr(process, "claimed", None)
+            for process in self.crawls.running():
+                claimed = process.claimed
                 same_job = claimed.id == request.id if claimed is not None else (
                     (process.project, process.job) == (request.project, request.job))
                 if not same_job or request.requests <= process.cancels_delivered:
@@ -128,7 +134,7 @@ class ClusterEvents:
             log.error("Could not signal job {job} of project {project}: {error}", job=job, project=project, error=e)
             return
         process.cancel_signal = signal
-        if getattr(process, "stop_asked_at", None) is None:  # cancel_timeout runs from the first (node/watchdog.py)
+        if process.stop_asked_at is None:  # cancel_timeout runs from the first (node/watchdog.py)
             process.stop_asked_at = time.monotonic()
 
     def refresh_projects(self, projects, read_at: float) -> bool:
@@ -137,27 +143,26 @@ class ClusterEvents:
         those projects are dropped, and so are the cached egg files of deleted eggs. Warm processes started before
         the read are retired; one started after it imported the eggs the read saw, or newer ones."""
         try:
-            self.launcher.poller.update_projects()
-            self.launcher.app.getComponent(ISpiderScheduler).update_projects()
+            for holder in self.queue_holders:
+                holder.update_projects()
         except Exception as e:  # noqa: BLE001 - the heartbeat's check sees the change again
             log.error("Could not refresh the projects: {error}", error=e)
             return False
         for project in projects:
             spider_list.delete(project)
-        if self.launcher.warm is not None:
-            self.launcher.warm.retire_projects(projects, started_before=read_at)  # no fork from code older than that
+        if self.warm is not None:
+            self.warm.retire_projects(projects, started_before=read_at)  # no fork from code older than that
         self.prune_egg_cache()
         return True
 
     def prune_egg_cache(self):
         """Delete this node's cached eggs that the database no longer has, off the reactor (a stock egg storage
         keeps its own files)."""
-        prune = getattr(self.launcher.app.getComponent(IEggStorage), "prune_cache", None)
-        if prune is None:
+        if self.egg_files is None:
             return None
-        in_use = {process.env.get(EGG_FILE_VARIABLE) for process in self.launcher.processes.values()}
+        in_use = {process.env.get(EGG_FILE_VARIABLE) for process in self.crawls.running()}
         return (
-            threads.deferToThread(prune, in_use)
+            threads.deferToThread(self.egg_files.prune_cache, in_use)
             .addCallback(self._egg_cache_pruned)
             .addErrback(lambda failure: self.trouble.report(
                 f"Pruning the egg cache failed: {failure.getErrorMessage()}", key="egg cache"))

@@ -3,7 +3,8 @@
 ``LeaseKeeper`` sends the node's tick every heartbeat: it renews the lease, recovers other nodes' expired leases
 (only after a whole lease of prompt heartbeats of its own: a stall is not a death), hands back forgotten claims and
 reads what the node must learn from the cluster, all in one statement (``JobStore.node_tick``); ``LeaseWatch``
-(``on_lease_lost = stop``) stops this node's crawls before its lease can expire. Used by ``PostgresLauncher``;
+(``on_lease_lost = stop``) stops this node's crawls before its lease can expire. Used by ``PostgresLauncher``, which
+gives them its crawls (``contracts.INodeCrawls``);
 threads, not the reactor, which may be busy for seconds (a launcher's work, Twisted's own). The keeper's statements
 go through a connection of its own, not the node's pool: requests, finishes and maintenance holding every pooled
 connection cannot delay a heartbeat.
@@ -22,6 +23,7 @@ from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.contracts import INodeCrawls
 from scrapyd_pgqueue.node import crawl_stats
 from scrapyd_pgqueue.store import JobStore
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
@@ -57,10 +59,13 @@ class LeaseKeeper(threading.Thread):
     ``lease_margin`` (two heartbeat intervals) before any other node may take the jobs over.
     """
 
-    def __init__(self, launcher):
+    def __init__(self, settings, crawls: INodeCrawls, learn, *, url: str, max_proc: int):
+        """``learn(tick, read_at)``: the reactor acts on what a tick read; ``url`` and ``max_proc``: the node's row,
+        written again when the tick finds it gone."""
         super().__init__(name="pgqueue-lease", daemon=True)
-        self.launcher = launcher
-        self.settings = launcher.settings
+        self.crawls, self.learn = crawls, learn
+        self.url, self.max_proc = url, max_proc
+        self.settings = settings
         self.store = JobStore(db.lease_engine_for_settings(self.settings))  # a connection the node's work never holds
         self.stopping = threading.Event()
         self.healthy_since: float | None = None  # monotonic start of the unbroken run of prompt heartbeats
@@ -87,13 +92,13 @@ class LeaseKeeper(threading.Thread):
         """One tick (``JobStore.node_tick``): renew the lease, recover expired ones when this node has been healthy
         for a whole lease, hand back forgotten claims, write the running crawls' changed stats, and hand what it
         learned to the reactor."""
-        launcher, settings = self.launcher, self.settings
-        healthy = self.healthy_since is not None and not launcher.stopping
-        stats = crawl_stats.stats_due(launcher.processes.copy().values(), settings.stats_interval)
+        crawls, settings = self.crawls, self.settings
+        healthy = self.healthy_since is not None and not crawls.stopping
+        stats = crawl_stats.stats_due(crawls.running(), settings.stats_interval)
         tick = self.store.node_tick(
             worker=pgconfig.WORKER_ID, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
             recover=healthy and started - self.healthy_since >= settings.lease_seconds,
-            release=healthy, known_ids=launcher.known_claim_ids(),
+            release=healthy, known_ids=crawls.known_claim_ids(),
             claimed_before=datetime.datetime.now() - FORGOTTEN_CLAIM_AGE,
             prompt_seconds=PROMPT_HEARTBEATS * settings.heartbeat_interval,
             stats=[(claimed, job_stats) for claimed, _, job_stats in stats],
@@ -102,11 +107,11 @@ class LeaseKeeper(threading.Thread):
             crawl_stats.written(stats)
         if not tick.registered:
             self.store.register_node(
-                worker=pgconfig.WORKER_ID, name=settings.node_name, url=launcher.url, max_proc=launcher.max_proc
+                worker=pgconfig.WORKER_ID, name=settings.node_name, url=self.url, max_proc=self.max_proc
             )
         now = time.monotonic()
         self.renewed_at = started
-        reactor.callFromThread(launcher.learn, tick, started)
+        reactor.callFromThread(self.learn, tick, started)
         if now - started > settings.heartbeat_interval:  # not prompt: the database stalled
             self.healthy_since = None
             return
@@ -117,9 +122,8 @@ class LeaseKeeper(threading.Thread):
 
     def report_jobs_taken_over(self) -> None:
         """After a break: say, once per job, which of this node's crawls another node took over meanwhile."""
-        launcher = self.launcher
-        crawls = [*launcher.processes.copy().values(), *list(launcher.unrecorded)]
-        claims = [crawl.claimed for crawl in crawls if crawl.claimed is not None and crawl.claimed.id not in self.told]
+        claims = [crawl.claimed for crawl in self.crawls.held()
+                  if crawl.claimed is not None and crawl.claimed.id not in self.told]
         for job in self.store.claims_taken_over(claims, worker=pgconfig.WORKER_ID):
             self.told.add(job.id)
             where = {
@@ -139,11 +143,11 @@ class LeaseWatch(threading.Thread):
 
     CHECK_EVERY = 0.25
 
-    def __init__(self, launcher, keeper: LeaseKeeper):
+    def __init__(self, settings, crawls: INodeCrawls, keeper: LeaseKeeper):
         super().__init__(name="pgqueue-lease-watch", daemon=True)
-        self.launcher = launcher
+        self.crawls = crawls
         self.keeper = keeper
-        self.settings = launcher.settings
+        self.settings = settings
         self.stopping = keeper.stopping
 
     def run(self) -> None:
@@ -161,7 +165,7 @@ class LeaseWatch(threading.Thread):
                 self.signal_crawls(signal.SIGKILL, silent)
 
     def signal_crawls(self, signum: int, silent: float) -> None:
-        for process in list(self.launcher.processes.copy().values()):
+        for process in self.crawls.running():
             process.lease_lost = True  # before the signal: its end is then not recorded, its job handed back
             if process.pid is None:
                 continue

@@ -15,23 +15,24 @@ from scrapyd.exceptions import RunnerError
 from scrapyd.interfaces import IEggStorage
 
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.contracts import IEggFiles
+from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE, VERSION_VARIABLE
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 
 class NodeSpiderList(webservice.SpiderList):
-    eggstorage = None  # the node's; its egg_file() fetches an egg into the node's cache
+    egg_files: IEggFiles | None = None  # the node's egg storage, when it fetches eggs into the node's cache
     secrets: frozenset[str] = frozenset()
 
     def set(self, project, version, *, runner):
         """As Scrapyd's: ``scrapy list`` of the project's version, cached; in the crawl's environment."""
         env = crawl_environment(os.environ, self.secrets)
         env["PYTHONIOENCODING"] = "UTF-8"
-        env["SCRAPY_PROJECT"] = project
+        env[PROJECT_VARIABLE] = project
         if version:
-            env["SCRAPYD_EGG_VERSION"] = version
-        egg_file = getattr(self.eggstorage, "egg_file", None)
-        if egg_file is not None:
-            env[EGG_FILE_VARIABLE] = egg_file(project, version)
+            env[VERSION_VARIABLE] = version
+        if self.egg_files is not None:
+            env[EGG_FILE_VARIABLE] = self.egg_files.egg_file(project, version)
         process = Popen([sys.executable, "-m", runner, "list", "-s", "LOG_STDOUT=0"], stdout=PIPE, stderr=PIPE, env=env)
         stdout, stderr = process.communicate()
         if process.returncode:
@@ -44,6 +45,6 @@ class NodeSpiderList(webservice.SpiderList):
 
 def install(app, secrets) -> None:
     """Make Scrapyd's one spider list (which its services and ours import by name) this node's."""
-    NodeSpiderList.eggstorage = app.getComponent(IEggStorage)
+    NodeSpiderList.egg_files = IEggFiles(app.getComponent(IEggStorage), None)
     NodeSpiderList.secrets = frozenset(secrets)
     webservice.spider_list.__class__ = NodeSpiderList

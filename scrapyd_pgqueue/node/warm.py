@@ -29,12 +29,12 @@ from twisted.python.failure import Failure
 
 from scrapyd_pgqueue.crawl_process import warm_process
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE
 from scrapyd_pgqueue.crawl_process.job_stats import STATS_FD
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 log = Logger()
 
-CONTROL_FD = 3  # the warm process's end of its socket pair
 # Seconds a warm process may take to import its project: past it, it is killed and the project spawned cold.
 READY_TIMEOUT = 120.0
 
@@ -133,12 +133,13 @@ class WarmProcess:
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         project, egg = key
         # Without the node's secrets: every crawl forked from it holds this process's first environment in memory.
-        env = {**crawl_environment(os.environ, pool.secrets), warm_process.PROJECT_VARIABLE: project,
+        env = {**crawl_environment(os.environ, pool.secrets), PROJECT_VARIABLE: project,
                EGG_FILE_VARIABLE: egg, warm_process.NODE_PID_VARIABLE: str(os.getpid())}
-        args = [sys.executable, "-m", warm_process.__name__, str(CONTROL_FD)]
+        control = warm_process.CONTROL_FD
+        args = [sys.executable, "-m", warm_process.__name__, str(control)]
         try:
             self.process = reactor.spawnProcess(WarmOutput(project), sys.executable, args=args, env=env,
-                                                childFDs={0: "w", 1: "r", 2: "r", CONTROL_FD: theirs.fileno()})
+                                                childFDs={0: "w", 1: "r", 2: "r", control: theirs.fileno()})
         finally:
             theirs.close()
         self.socket.setblocking(False)
@@ -162,7 +163,7 @@ class WarmProcess:
             return False
         (out_read, out_write), (err_read, err_write), (stats_read, stats_write) = os.pipe(), os.pipe(), os.pipe()
         try:
-            socket.send_fds(self.socket, [message], [out_write, err_write, stats_write])
+            socket.send_fds(self.socket, [message], [out_write, err_write, stats_write])  # warm_process.CRAWL_FDS
         except OSError:  # full (a warm process still importing with many crawls queued), or gone
             for fd in (out_read, err_read, stats_read):
                 os.close(fd)

@@ -24,6 +24,7 @@ import time
 from twisted.internet import error, task
 from twisted.logger import Logger
 
+from scrapyd_pgqueue.contracts import INodeCrawls
 from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER
 from scrapyd_pgqueue.node.warm import WarmCrawl
 from scrapyd_pgqueue.store.statuses import STALLED, TIMEOUT
@@ -35,9 +36,9 @@ CHECK_INTERVAL = 1.0
 
 
 class Watchdog:
-    def __init__(self, launcher):
-        self.launcher = launcher
-        self.settings = launcher.settings
+    def __init__(self, settings, crawls: INodeCrawls, runner: str):
+        """``runner``: the launcher's crawl runner (only the node's own reports a spider's opening)."""
+        self.settings, self.crawls, self.runner = settings, crawls, runner
         self.loop = task.LoopingCall(self.check)
 
     def start(self) -> None:
@@ -49,7 +50,7 @@ class Watchdog:
 
     def check(self) -> None:
         now = time.monotonic()
-        for process in list(self.launcher.processes.values()):
+        for process in self.crawls.running():
             try:
                 self.check_crawl(process, now)
             except Exception:  # noqa: BLE001 - one crawl's trouble must not stop the watch over the others
@@ -64,7 +65,7 @@ class Watchdog:
             return
         start_timeout = self.settings.start_timeout if self.reports_opening(process) else None
         if (process.spider_opened_at is None and start_timeout and now - process.started_at >= start_timeout
-                and not self.launcher.stopping):  # a stopping node hands its claims back itself
+                and not self.crawls.stopping):  # a stopping node hands its claims back itself
             self.hand_back_unstarted(process)
             return
         max_runtime = process.limits.max_runtime or self.settings.max_runtime
@@ -101,7 +102,7 @@ class Watchdog:
     def reports_opening(self, process) -> bool:
         """Whether the crawl tells its node when its spider opens: forked warm, or spawned by the node's runner (a
         runner of the user's own adds no stats extension: start_timeout would kill every one of its crawls)."""
-        return isinstance(process.transport, WarmCrawl) or self.launcher.runner == REPORTING_RUNNER
+        return isinstance(process.transport, WarmCrawl) or self.runner == REPORTING_RUNNER
 
     def hand_back_unstarted(self, process) -> None:
         """Kill a crawl that never reached its spider; the launcher hands its job back once it has ended."""

@@ -4,7 +4,7 @@ Behind a load balancer a request lands on any node, so status.json, listjobs.jso
 cancel.json answer for every job wherever it runs, in Scrapyd 1.6's JSON shapes (scrapyd-client, ScrapydWeb and
 python-scrapyd-api read them), adding keys only; ``logs`` serves a job's log on every node. Each replaces
 Scrapyd's own through the [services] section of the node's configuration, and is a few lines over
-``store.AllJobsStore``. They read the node's settings from ``PostgresPoller``, which a cluster runs anyway.
+``store.AllJobsStore``. They read the node's settings from their web root (``services/resource.py``'s ``node_root``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from scrapyd_pgqueue.store.job_requests import (
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
 from scrapyd_pgqueue.web.log_files import is_inside, open_log
 from scrapyd_pgqueue.web import metrics
-from scrapyd_pgqueue.services.resource import DatabaseService, refuse
+from scrapyd_pgqueue.services.resource import DatabaseService, node_root, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
 from scrapyd_pgqueue.store import (
     MAX_PENDING_OFFSET,
@@ -71,8 +71,10 @@ class Status(DatabaseService):
         self.check_project(project)
         currstate = self.store.job_status(job, project)
         # Crawl trees: the job's parent and its tree's root (itself for a root), null for an unknown job.
-        parent, root = self.store.lineage(job, project) or (None, None)
-        return {"currstate": currstate, "parent": parent, "root": root}
+        lineage = self.store.lineage(job, project)
+        if lineage is None:
+            return {"currstate": currstate, "parent": None, "root": None}
+        return {"currstate": currstate, "parent": lineage.parent, "root": lineage.root}
 
 
 class ListJobs(DatabaseService):
@@ -243,12 +245,12 @@ class Logs(resource.Resource):
 
     def __init__(self, root):
         super().__init__()
-        self.root = root
+        self.root = node_root(root)
         self.local = LogFiles(root.logs_dir, "text/plain") if root.logs_dir else None
 
     @functools.cached_property
     def store(self) -> AllJobsStore:
-        return AllJobsStore.for_settings(self.root.poller.settings)
+        return AllJobsStore.for_settings(self.root.settings)
 
     def render(self, request):
         segments = request.postpath

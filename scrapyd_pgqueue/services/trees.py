@@ -42,7 +42,7 @@ def cancel_tree(store, project: str, job: str, signal: str) -> dict:
     if lineage is None:
         raise error.Error(code=http.OK, message=b"job '%b' not found in project '%b'" % (job.encode(),
                                                                                          project.encode()))
-    _, root = lineage
+    root = lineage.root
     if root is not None and root != job:
         raise error.Error(code=http.OK, message=b"job '%b' is not a root: _tree=1 takes its root '%b'" % (
             job.encode(), root.encode()))

@@ -188,9 +188,11 @@ NODE_TICK_QUERY = f"""
         UNION ALL SELECT id, project, job, status, false FROM released
     )
     SELECT (SELECT database_clock FROM beat) AS database_clock,
-           (SELECT json_agg(json_build_array(id, project, job, status, recovered)) FROM settled) AS settled,
+           (SELECT json_agg(json_build_object('id', id, 'project', project, 'job', job, 'status', status,
+                                              'recovered', recovered)) FROM settled) AS settled,
            (SELECT count(*) FROM settled WHERE status = 'pending' AND pg_notify(:channel, project) IS NULL) AS notified,
-           (SELECT json_agg(json_build_array(id, project, job, worker, cancel_requests, cancel_signal))
+           (SELECT json_agg(json_build_object('id', id, 'project', project, 'job', job, 'worker', worker,
+                                              'requests', cancel_requests, 'signal', cancel_signal))
             FROM spider_job WHERE status = 'ongoing' AND worker = :worker AND cancel_requests > 0) AS cancels,
            (SELECT json_object_agg(project, json_build_array(eggs, newest)) FROM (
                 SELECT project, count(*) AS eggs, max(id) AS newest FROM project_egg GROUP BY project
@@ -292,12 +294,12 @@ class NodeLeases:
                             periodic_due_in=None, stats_written=None)
         if row.database_clock is not None:
             db.learn_clock_offset(row.database_clock, sent, time.time())
-        settled = row.settled or []
+        settled = [(job.pop("recovered"), ReleasedJob(**job)) for job in row.settled or []]
         return NodeTick(
             registered=row.database_clock is not None,
-            recovered=[ReleasedJob(*job[:4]) for job in settled if job[4]],
-            released=[ReleasedJob(*job[:4]) for job in settled if not job[4]],
-            cancels=[CancelRequest(*request) for request in row.cancels or []],
+            recovered=[job for recovered, job in settled if recovered],
+            released=[job for recovered, job in settled if not recovered],
+            cancels=[CancelRequest(**request) for request in row.cancels or []],
             eggs={project: tuple(figures) for project, figures in (row.eggs or {}).items()},
             periodic_due_in=row.periodic_due_in, webhooks_due_in=row.webhooks_due_in,
             stats_written=row.stats_written,

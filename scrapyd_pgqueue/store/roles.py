@@ -98,9 +98,9 @@ class RoleError(db.DatabaseError):
     """The node role cannot be set up as asked."""
 
 
-# The schema holding the queue and the role that migrated it (owner of the version table): names and oids.
+# The schema holding the queue and the role that migrated it (owner of the version table), as QueueSchema.
 QUEUE_SCHEMA = text(f"""
-    SELECT n.nspname, r.rolname, n.oid, r.oid
+    SELECT n.nspname AS name, r.rolname AS owner, n.oid
     FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace JOIN pg_roles AS r ON r.oid = c.relowner
     WHERE c.oid = to_regclass('{db.VERSION_TABLE}')
 """)
@@ -123,7 +123,7 @@ OTHER_OBJECTS = text("""
         FROM pg_proc AS p
         WHERE p.pronamespace = :schema
     )
-    SELECT o.kind, o.name, pg_has_role(o.owner, 'USAGE'), o.usable
+    SELECT o.kind, o.name, pg_has_role(o.owner, 'USAGE') AS revocable, o.usable
     FROM objects AS o
     WHERE NOT (o.kind = 'table' AND o.name = ANY(:tables) OR o.kind = 'sequence' AND o.name = ANY(:sequences)
                OR o.kind = 'function' AND o.name = ANY(:functions))
@@ -140,10 +140,10 @@ ROLE_SETTINGS = text("""
 
 # What the current user may change: (role settings and limits of a non-superuser role, the database's rights).
 ADMIN_FACTS = text("""
-    SELECT r.rolsuper OR r.rolcreaterole, pg_has_role(d.datdba, 'USAGE'), d.datname,
-           (SELECT rolconnlimit FROM pg_roles WHERE rolname = :role),
+    SELECT r.rolsuper OR r.rolcreaterole AS may_alter, pg_has_role(d.datdba, 'USAGE') AS owns_database,
+           d.datname AS database, (SELECT rolconnlimit FROM pg_roles WHERE rolname = :role) AS connection_limit,
            current_setting('max_connections')::integer - current_setting('superuser_reserved_connections')::integer
-           - coalesce(current_setting('reserved_connections', true)::integer, 0)
+           - coalesce(current_setting('reserved_connections', true)::integer, 0) AS available
     FROM pg_roles AS r, pg_database AS d
     WHERE r.rolname = current_user AND d.datname = current_database()
 """)
@@ -151,24 +151,35 @@ ADMIN_FACTS = text("""
 # Who holds CREATE on the queue's schema besides its owner: (does PUBLIC, may the current user revoke it).
 SCHEMA_CREATE = text("""
     SELECT EXISTS (SELECT FROM aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) AS a
-                   WHERE a.grantee = 0 AND a.privilege_type = 'CREATE'),
-           pg_has_role(n.nspowner, 'USAGE')
+                   WHERE a.grantee = 0 AND a.privilege_type = 'CREATE') AS public_creates,
+           pg_has_role(n.nspowner, 'USAGE') AS owns_schema
     FROM pg_namespace AS n WHERE n.oid = :schema
 """)
 
-# What a role may do beyond a node's needs, in the queue's schema; the current user's when :role is null.
+# What a role may do beyond a node's needs, in the queue's schema (RoleFacts); the current user's when :role is null.
 ROLE_FACTS = text(f"""
-    SELECT r.rolname,
-           EXISTS (SELECT FROM pg_roles AS s WHERE s.rolsuper AND pg_has_role(r.oid, s.oid, 'MEMBER')),
-           r.rolcreaterole,
-           array(SELECT s FROM unnest(CAST(:server_roles AS text[])) AS s WHERE pg_has_role(r.oid, s, 'MEMBER')),
+    SELECT r.rolname AS name,
+           EXISTS (SELECT FROM pg_roles AS s WHERE s.rolsuper AND pg_has_role(r.oid, s.oid, 'MEMBER')) AS superuser,
+           r.rolcreaterole AS createrole,
+           array(SELECT s FROM unnest(CAST(:server_roles AS text[])) AS s WHERE pg_has_role(r.oid, s, 'MEMBER'))
+             AS server_roles,
            pg_has_role(r.oid, n.nspowner, 'MEMBER')
-           OR EXISTS (SELECT FROM pg_class AS c WHERE c.relnamespace = n.oid AND pg_has_role(r.oid, c.relowner, 'MEMBER')),
-           has_schema_privilege(r.oid, n.oid, 'CREATE')
+           OR EXISTS (SELECT FROM pg_class AS c WHERE c.relnamespace = n.oid AND pg_has_role(r.oid, c.relowner, 'MEMBER'))
+             AS owner,
+           has_schema_privilege(r.oid, n.oid, 'CREATE') AS creates
     FROM pg_roles AS r, pg_namespace AS n
     WHERE r.rolname = coalesce(:role, current_user)
       AND n.oid = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass('{db.VERSION_TABLE}'))
 """)
+
+
+@dataclass(frozen=True)
+class QueueSchema:
+    """The schema holding the queue, and the role that migrated it (the owner of the version table)."""
+
+    name: str
+    owner: str
+    oid: int
 
 
 @dataclass(frozen=True)
@@ -198,7 +209,7 @@ class RoleFacts:
 def role_facts(connection, role: str | None = None) -> RoleFacts | None:
     """The rights of ``role`` (default: the connection's own) that matter; None without such a role or a schema."""
     row = connection.execute(ROLE_FACTS, {"role": role, "server_roles": list(SERVER_ACCESS_ROLES)}).fetchone()
-    return None if row is None else RoleFacts(*row)
+    return None if row is None else RoleFacts(**row._asdict())
 
 
 def grant_node_role(engine: Engine, role: str, password: str | None = None,
@@ -210,7 +221,7 @@ def grant_node_role(engine: Engine, role: str, password: str | None = None,
         located = connection.execute(QUEUE_SCHEMA).fetchone()
         if located is None:
             raise RoleError(f"database at {db.describe(engine.url)} has no queue schema: run `scrapyd-pgqueue migrate`")
-        schema, owner, schema_oid, owner_oid = located
+        schema = QueueSchema(**located._asdict())
         raw = connection.driver_connection
 
         def run(statement: sql.Composable, params=None):
@@ -228,24 +239,24 @@ def grant_node_role(engine: Engine, role: str, password: str | None = None,
             verifier = psycopg2.extensions.encrypt_password(password, role, raw)
             run(sql.SQL("ALTER ROLE {} PASSWORD %s").format(sql.Identifier(role)), (verifier,))
         granted = Granted()
-        _grant(connection, run, role, schema, owner)
-        granted.warnings += _other_objects(connection, run, role, (schema, schema_oid))
+        _grant(connection, run, role, schema)
+        granted.warnings += _other_objects(connection, run, role, schema)
         granted.warnings += _limit(connection, run, role, limits)
-        granted.warnings += _no_shadowing(connection, run, role, (schema, schema_oid))
+        granted.warnings += _no_shadowing(connection, run, role, schema)
         facts = role_facts(connection, role)
         granted.risks = dataclasses.replace(facts, creates=False).risks()  # CREATE: _no_shadowing's warning
         return granted
 
 
-def _grant(connection, run, role: str, schema: str, owner: str) -> None:
-    grantee, schema_name = sql.Identifier(role), sql.Identifier(schema)
+def _grant(connection, run, role: str, schema: QueueSchema) -> None:
+    grantee, schema_name = sql.Identifier(role), sql.Identifier(schema.name)
     database = connection.execute(text("SELECT current_database()")).scalar()
     run(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), grantee))
     run(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema_name, grantee))
     # Exactly these rights: whatever was granted before (ALL, TRUNCATE, TRIGGER, REFERENCES, a column's) goes.
     for kind, names in (("TABLE", NODE_TABLES), ("SEQUENCE", NODE_SEQUENCES)):
         for name in names:
-            target = sql.Identifier(schema, name)
+            target = sql.Identifier(schema.name, name)
             run(sql.SQL("REVOKE ALL ON {} {} FROM {}").format(sql.SQL(kind), target, grantee))
             rights = NODE_TABLES[name] if kind == "TABLE" else "USAGE"
             run(sql.SQL("GRANT {} ON {} {} TO {}").format(sql.SQL(rights), sql.SQL(kind), target, grantee))
@@ -255,26 +266,27 @@ def _grant(connection, run, role: str, schema: str, owner: str) -> None:
     # Earlier versions of grant gave rights by default on whatever the owner created in the schema later: gone.
     for kind in ("TABLES", "SEQUENCES", "FUNCTIONS"):
         run(sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA {} REVOKE ALL ON {} FROM {}").format(
-            sql.Identifier(owner), schema_name, sql.SQL(kind), grantee))
+            sql.Identifier(schema.owner), schema_name, sql.SQL(kind), grantee))
 
 
-def _other_objects(connection, run, role: str, schema: tuple[str, int]) -> list[str]:
+def _other_objects(connection, run, role: str, schema: QueueSchema) -> list[str]:
     """Take the role's rights on the schema's objects that are not the queue's (an earlier grant gave them), where
     the current user may; name them all, and those the role may still use."""
-    params = {"schema": schema[1], "role": role, "tables": list(NODE_TABLES), "sequences": list(NODE_SEQUENCES),
+    params = {"schema": schema.oid, "role": role, "tables": list(NODE_TABLES), "sequences": list(NODE_SEQUENCES),
               "functions": list(NODE_FUNCTIONS)}
     others = connection.execute(OTHER_OBJECTS, params).fetchall()
     if not others:
         return []
-    for kind, name, revocable, _ in others:
-        if revocable:
-            target = (sql.SQL("FUNCTION {}.").format(sql.Identifier(schema[0])) + sql.SQL(name) if kind == "function"
-                      else sql.SQL("SEQUENCE {}" if kind == "sequence" else "TABLE {}").format(
-                          sql.Identifier(schema[0], name)))
+    for other in others:
+        if other.revocable:
+            target = (sql.SQL("FUNCTION {}.").format(sql.Identifier(schema.name)) + sql.SQL(other.name)
+                      if other.kind == "function" else
+                      sql.SQL("SEQUENCE {}" if other.kind == "sequence" else "TABLE {}").format(
+                          sql.Identifier(schema.name, other.name)))
             run(sql.SQL("REVOKE ALL ON {} FROM {}").format(target, sql.Identifier(role)))
-    still = [f"{schema[0]}.{name}" for _, name, _, usable in connection.execute(OTHER_OBJECTS, params) if usable]
-    named = ", ".join(f"{schema[0]}.{name} ({kind})" for kind, name, _, _ in others)
-    warning = (f"schema {schema[0]} holds objects that are not the queue's: {named}; '{role}' gets no right on "
+    still = [f"{schema.name}.{other.name}" for other in connection.execute(OTHER_OBJECTS, params) if other.usable]
+    named = ", ".join(f"{schema.name}.{other.name} ({other.kind})" for other in others)
+    warning = (f"schema {schema.name} holds objects that are not the queue's: {named}; '{role}' gets no right on "
                "them from grant, but keep the queue in a schema of its own")
     if still:
         warning += f" ('{role}' may still use {', '.join(still)}: rights of PUBLIC or of another owner)"
@@ -283,16 +295,16 @@ def _other_objects(connection, run, role: str, schema: tuple[str, int]) -> list[
 
 def _limit(connection, run, role: str, limits: RoleLimits) -> list[str]:
     """Role settings and a connection limit: set where the current user may, else a warning naming the command."""
-    may_alter, _, _, connection_limit, available = connection.execute(ADMIN_FACTS, {"role": role}).fetchone()
+    admin = connection.execute(ADMIN_FACTS, {"role": role}).fetchone()
     present = set(connection.execute(ROLE_SETTINGS, {"role": role}).scalars())
     grantee = sql.Identifier(role)
     statements = [sql.SQL("ALTER ROLE {} SET {} = {}").format(grantee, sql.Identifier(name), sql.Literal(f"{ms}ms"))
                   for name, (ms, given) in limits.settings().items() if given or name not in present]
-    if limits.connection_limit is not None or connection_limit == -1:
+    if limits.connection_limit is not None or admin.connection_limit == -1:
         wanted = limits.connection_limit if limits.connection_limit is not None else max(
-            available - OTHER_ROLES_CONNECTIONS, 1)
+            admin.available - OTHER_ROLES_CONNECTIONS, 1)
         statements.append(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(grantee, sql.Literal(wanted)))
-    if may_alter:
+    if admin.may_alter:
         for statement in statements:
             run(statement)
         return []
@@ -302,29 +314,30 @@ def _limit(connection, run, role: str, limits: RoleLimits) -> list[str]:
     return [f"the role's limits were not set (that needs CREATEROLE or a superuser): run as one: {commands}"]
 
 
-def _no_shadowing(connection, run, role: str, schema: tuple[str, int]) -> list[str]:
+def _no_shadowing(connection, run, role: str, schema: QueueSchema) -> list[str]:
     """No temporary table (TEMP on the database) or new object (CREATE on the schema) for the role to shadow the
     queue's tables with: taken from PUBLIC and the role where the current user may, else a warning naming the
     command."""
     warnings = []
-    _, owns_database, database, _, _ = connection.execute(ADMIN_FACTS, {"role": role}).fetchone()
-    grantee, database_name, schema_name = sql.Identifier(role), sql.Identifier(database), sql.Identifier(schema[0])
+    admin = connection.execute(ADMIN_FACTS, {"role": role}).fetchone()
+    grantee, schema_name = sql.Identifier(role), sql.Identifier(schema.name)
+    database_name = sql.Identifier(admin.database)
     revoke_temp = sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(database_name)
-    if owns_database:
+    if admin.owns_database:
         run(revoke_temp)
         run(sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM {}").format(database_name, grantee))
     if connection.execute(text("SELECT has_database_privilege(:role, current_database(), 'TEMPORARY')"),
                           {"role": role}).scalar():
         warnings.append(f"'{role}' may create temporary tables (a right of PUBLIC): run as the database's owner: "
                         f"{revoke_temp.as_string(connection.driver_connection)}")
-    public_creates, owns_schema = connection.execute(SCHEMA_CREATE, {"schema": schema[1]}).fetchone()
+    create = connection.execute(SCHEMA_CREATE, {"schema": schema.oid}).fetchone()
     revoke_create = sql.SQL("REVOKE CREATE ON SCHEMA {} FROM PUBLIC").format(schema_name)
-    if owns_schema:
+    if create.owns_schema:
         run(sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema_name, grantee))
-        if public_creates:  # Postgres 14 and older give it on schema public
+        if create.public_creates:  # Postgres 14 and older give it on schema public
             run(revoke_create)
     if connection.execute(text("SELECT has_schema_privilege(:role, CAST(:schema AS oid), 'CREATE')"),
-                          {"role": role, "schema": schema[1]}).scalar():
+                          {"role": role, "schema": schema.oid}).scalar():
         command = revoke_create.as_string(connection.driver_connection)
         warnings.append(f"'{role}' may create objects in the queue's schema (PUBLIC's right on schema public on "
                         f"Postgres 14 and older): run as the schema's owner: {command}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.store.pool import Engine
@@ -300,6 +300,13 @@ def start_trees(connection, rows: list[dict[str, Any]], enqueued: list[Enqueued]
 # --- the tree's view and cancel --------------------------------------------------------------------------------
 
 
+class Lineage(NamedTuple):
+    """Where a job stands in its tree: its parent (None for a root) and its tree's root (a root is its own)."""
+
+    parent: str | None
+    root: str
+
+
 @dataclass(frozen=True)
 class TreeView:
     """A tree at a glance (tree.json, ``scrapyd-pgqueue tree``)."""
@@ -327,11 +334,11 @@ class TreeQueries:
     engine: Engine
 
     @database_errors
-    def lineage(self, job: str, project: str | None = None) -> tuple[str | None, str] | None:
-        """(parent, root) of the newest run of ``job``; None when unknown. A root is its own root."""
+    def lineage(self, job: str, project: str | None = None) -> Lineage | None:
+        """The parent and root of the newest run of ``job``; None when unknown."""
         with db.autocommit(self.engine) as connection:
             row = connection.execute(LINEAGE, {"job": job, "project": project}).first()
-        return None if row is None else (row.parent, row.root)
+        return None if row is None else Lineage(row.parent, row.root)
 
     @database_errors
     def tree(self, project: str, job: str, failures: int = 10) -> TreeView | None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from scrapyd.website import Home as ScrapydHome
 from scrapyd.website import Root as ScrapydRoot
+from zope.interface import implementer
 
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.contracts import INodeRoot
 from scrapyd_pgqueue.web.dashboard import DashboardPage
 from scrapyd_pgqueue.web.jobs import JobsPage
 from scrapyd_pgqueue.web.page import forwarded_prefix
 
 
+@implementer(INodeRoot)
 class Root(ScrapydRoot):
     def __init__(self, config, app):
         self.settings = pgconfig.settings(config)
