@@ -275,7 +275,7 @@ def test_the_listener_hears_postgres_directly_and_falls_back_to_polling_behind_p
         wait_for(lambda: heard == ["hello"], 5, "the notification")
         wait_for(bounced.poll_only.is_set, 15, "the listener behind PgBouncer to give up LISTEN")
         assert not direct.poll_only.is_set()
-        # Poll-only holds no connection: the listener closes it and ends, just after it says so.
+        # Poll-only listens no more: the listener ends just after it says so (its connection is the lease's now).
         wait_for(lambda: not bounced.is_alive(), 5, "the poll-only listener to end")
     finally:
         direct.stop()
