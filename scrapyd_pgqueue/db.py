@@ -9,7 +9,8 @@ engines are shared per process and URL, and the schema is migrated once per engi
 A node's budget of server connections is fixed: with ``listen_notify`` on, a pool of ``database_pool_size``
 (default 2, no overflow) for every statement of the process's work, and one session connection that LISTENs and
 carries the lease thread's statements (``session_engine``): 3 by default. With it off, the lease keeps a connection of
-its own and the pool has one fewer: 2 by default. Nothing here relies on session state across transactions, so ``database_url`` may point
+its own and the pool has one fewer: 2 by default. With ``listen_url`` (``database_url`` is PgBouncer) the lease keeps
+a PgBouncer connection of its own, and Postgres sees one connection per node, the listener's. Nothing here relies on session state across transactions, so ``database_url`` may point
 at PgBouncer in transaction pooling mode: timeouts ride on each statement (``SET LOCAL`` in the same query
 string), the migration lock is a transaction-level advisory lock, and psycopg2 prepares nothing on the server.
 
@@ -101,11 +102,14 @@ def engine_for_settings(settings) -> Engine:
 
 def lease_engine_for_settings(settings) -> Engine:
     """The engine of a node's lease thread: one connection that the node's work (pages, web services, finishes,
-    maintenance) never holds, so a busy pool cannot make the node miss its heartbeat. With ``listen_notify`` on it is
-    the listener's session (idle between notifications); off, a connection of its own."""
-    if settings.listen_notify:
-        return session_engine(settings.listen_url or settings.database_url, settings.node_name,
-                              settings.database_timeout)
+    maintenance) never holds, so a busy pool cannot make the node miss its heartbeat. The listener's session (idle
+    between notifications) when it goes where the work goes; else a connection of its own on ``database_url``.
+
+    A lease renewed straight to Postgres (``listen_url``) while the node's work goes through PgBouncer would outlive
+    PgBouncer's refusals (``server_login_retry`` after a restart) that the leases of poll-only nodes behind it do
+    not: nodes that kept theirs would take over the others' running jobs, and run them twice."""
+    if settings.listen_notify and settings.listen_url in ("", settings.database_url):
+        return session_engine(settings.database_url, settings.node_name, settings.database_timeout)
     return get_engine(
         settings.database_url, pool_size=1, timeout=settings.database_timeout, migrate_schema=False,
         application_name=application_name(settings.node_name, "-lease"), purpose="lease",

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import random
+import select
 import subprocess
 import sys
 import threading
@@ -486,3 +487,13 @@ class ConnectionSampler(threading.Thread):
     def __exit__(self, *exc):
         self.stopping.set()
         self.join()
+
+
+def heard(connection, wait: float) -> list[tuple[str, str]]:
+    """What a LISTENing connection received within ``wait`` seconds (a NOTIFY arrives at its sender's commit, which
+    the enqueue's return follows: the wait only covers the way over the loopback)."""
+    select.select([connection], [], [], wait)
+    connection.poll()
+    received = [(n.channel, n.payload) for n in connection.notifies]
+    connection.notifies.clear()
+    return received

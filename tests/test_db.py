@@ -509,3 +509,19 @@ def test_0013_upgrades_a_populated_queue_whose_jobs_then_take_watchdog_limits_an
     _migrate_to(database_url, "0009", down=True)
     assert query(database_url, "SELECT outcome, count(*) FROM spider_job GROUP BY outcome ORDER BY outcome") == [
         ("dead", 999), ("failed", 1001), ("finished", 1000)]  # timeout and stalled read as failed, as before
+
+
+def test_0016_upgrades_populated_nodes_which_then_count_as_wanting_work_until_they_say(database_url):
+    _migrate_to(database_url, "0013")
+    query(database_url, "INSERT INTO scrapyd_node (id, name, max_proc, stopped_time) "
+                        "SELECT 'w' || i, 'n' || i, 2, CASE WHEN i %% 2 = 0 THEN now() END "
+                        "FROM generate_series(1, 500) AS i")
+
+    _migrate_to(database_url, "0016")
+
+    wanting = "SELECT count(*) FROM scrapyd_node WHERE wants_work IS NOT FALSE AND stopped_time IS NULL"
+    assert query(database_url, wanting) == [(250,)]  # older nodes never say: they are woken as before
+    query(database_url, "UPDATE scrapyd_node SET wants_work = false WHERE id <> 'w1'")
+    assert query(database_url, wanting) == [(1,)]
+    _migrate_to(database_url, "0013", down=True)
+    assert query(database_url, "SELECT count(*) FROM scrapyd_node") == [(500,)]
