@@ -156,7 +156,7 @@ def _one_job(ctx: Context, cluster, mode: str, index: int, pauses: random.Random
     node = cluster.nodes[index % len(cluster.nodes)]
     job = f"wakeup-{mode}-{index}-{uuid.uuid4().hex[:8]}"
     answer = node.post("schedule.json", project=PROJECT, spider=SPIDER, jobid=job)
-    responded = datetime.datetime.now()
+    responded = datetime.datetime.now().astimezone()  # start_time is on the database's clock, aware (0007)
     if answer.get("status") != "ok":
         raise RuntimeError(f"wakeup: schedule.json on {node.name} refused job {job}: {answer}")
     with database.admin_connection(ctx.database_url) as connection, connection.cursor() as cursor:
