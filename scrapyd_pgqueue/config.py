@@ -77,7 +77,8 @@ class Settings:
     listjobs_pending_limit: int = 1000
     # Bytes of a finished job's log (its tail) stored in the database for every node to serve; 0: none.
     log_max_bytes: int = 1024 * 1024
-    # Connections of the node's pool (no overflow): with the lease's own and the one listener, the node's budget.
+    # Connections of the node's pool (no overflow): with the one listener (which carries the lease), the node's
+    # budget; with listen_notify off the lease takes one of them.
     database_pool_size: int = 2
     # Seconds any operation (a web request included) waits for the database before it is an error.
     database_timeout: float = 30.0

@@ -9,8 +9,10 @@ import json
 import multiprocessing
 import os
 import random
+import select
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -439,3 +441,68 @@ class WebhookReceiver:
     def bodies(self) -> list[dict]:
         with self.lock:
             return [json.loads(body) for _, body in self.received]
+
+
+def connections_held(pid: int, port: int) -> int:
+    """How many TCP connections to ``port`` the process ``pid`` holds open, from /proc (what ``ss -tnp`` shows): a
+    connection it closed counts no more, even while the server still runs the statement it abandoned."""
+    sockets = set()
+    for fd in glob.glob(f"/proc/{pid}/fd/*"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                sockets.add(target[8:-1])
+    held = 0
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                established = fields[3] == "01"
+                if established and int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in sockets:
+                    held += 1
+    return held
+
+
+class ConnectionSampler(threading.Thread):
+    """The most connections the package held to one database at once, sampled every 50 ms: as Postgres counts them
+    (``peak``, by application_name; the test's own queries left out) and, for the processes in ``pids`` (name ->
+    pid), as the processes hold them (``held``)."""
+
+    def __init__(self, admin_url: str, pids: dict[str, int] | None = None):
+        super().__init__(daemon=True)
+        self.admin_url = admin_url
+        self.pids = pids or {}
+        self.port = make_url(admin_url).port or 5432
+        self.peak: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.peak_total = 0
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.wait(0.05):
+            rows = query(self.admin_url, "SELECT application_name, count(*) FROM pg_stat_activity "
+                                         "WHERE datname = current_database() AND application_name LIKE 'scrapyd%%' "
+                                         "GROUP BY application_name")
+            for name, count in rows:
+                self.peak[name] = max(self.peak.get(name, 0), count)
+            self.peak_total = max(self.peak_total, sum(count for _, count in rows))
+            for name, pid in self.pids.items():
+                self.held[name] = max(self.held.get(name, 0), connections_held(pid, self.port))
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.join()
+
+
+def heard(connection, wait: float) -> list[tuple[str, str]]:
+    """What a LISTENing connection received within ``wait`` seconds (a NOTIFY arrives at its sender's commit, which
+    the enqueue's return follows: the wait only covers the way over the loopback)."""
+    select.select([connection], [], [], wait)
+    connection.poll()
+    received = [(n.channel, n.payload) for n in connection.notifies]
+    connection.notifies.clear()
+    return received

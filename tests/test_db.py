@@ -83,7 +83,10 @@ def test_the_connection_that_migrated_is_kept_in_the_pool_and_lent_again(databas
                                            "AND application_name = 'scrapyd-pgqueue'")
     with engine.connect() as connection:
         assert connection.execute("SELECT pg_backend_pid()").scalar_one() == migrated_on
-    assert connections_to(admin_connection) == 1
+    # The package's connections only: the backend of query()'s own connection, closed just before, may not have
+    # exited yet (a backend ends after its client closes, not with it).
+    assert query(database_url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND application_name LIKE 'scrapyd-pgqueue%%'") == [(1,)]
 
 
 def newest_schema_version():
@@ -276,7 +279,7 @@ def test_the_listener_hears_postgres_directly_and_falls_back_to_polling_behind_p
         wait_for(lambda: heard == ["hello"], 5, "the notification")
         wait_for(bounced.poll_only.is_set, 15, "the listener behind PgBouncer to give up LISTEN")
         assert not direct.poll_only.is_set()
-        # Poll-only holds no connection: the listener closes it and ends, just after it says so.
+        # Poll-only listens no more: the listener ends just after it says so (its connection is the lease's now).
         wait_for(lambda: not bounced.is_alive(), 5, "the poll-only listener to end")
     finally:
         direct.stop()
@@ -510,3 +513,19 @@ def test_0013_upgrades_a_populated_queue_whose_jobs_then_take_watchdog_limits_an
     _migrate_to(database_url, "0009", down=True)
     assert query(database_url, "SELECT outcome, count(*) FROM spider_job GROUP BY outcome ORDER BY outcome") == [
         ("dead", 999), ("failed", 1001), ("finished", 1000)]  # timeout and stalled read as failed, as before
+
+
+def test_0016_upgrades_populated_nodes_which_then_count_as_wanting_work_until_they_say(database_url):
+    _migrate_to(database_url, "0013")
+    query(database_url, "INSERT INTO scrapyd_node (id, name, max_proc, stopped_time) "
+                        "SELECT 'w' || i, 'n' || i, 2, CASE WHEN i %% 2 = 0 THEN now() END "
+                        "FROM generate_series(1, 500) AS i")
+
+    _migrate_to(database_url, "0016")
+
+    wanting = "SELECT count(*) FROM scrapyd_node WHERE wants_work IS NOT FALSE AND stopped_time IS NULL"
+    assert query(database_url, wanting) == [(250,)]  # older nodes never say: they are woken as before
+    query(database_url, "UPDATE scrapyd_node SET wants_work = false WHERE id <> 'w1'")
+    assert query(database_url, wanting) == [(1,)]
+    _migrate_to(database_url, "0013", down=True)
+    assert query(database_url, "SELECT count(*) FROM scrapyd_node") == [(500,)]

@@ -15,7 +15,7 @@ from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
-from helpers import connect, jobs, query, runs_of, schedule, wait_for
+from helpers import ConnectionSampler, connect, jobs, query, runs_of, schedule, wait_for
 
 NOW = datetime.datetime.now
 
@@ -349,7 +349,7 @@ STOP_ON_LOSS = {"on_lease_lost": "stop", "lease_seconds": "8", "heartbeat_interv
 FLOOD_SECONDS = 60
 
 
-def test_a_node_whose_pool_is_held_by_its_own_work_for_a_minute_keeps_its_lease_and_its_crawl(
+def test_a_node_whose_pool_is_held_by_its_own_work_for_a_minute_keeps_its_lease_and_its_crawl_with_3_connections(
     database, start_cluster, tmp_path
 ):
     url, admin_url = database
@@ -378,7 +378,8 @@ def test_a_node_whose_pool_is_held_by_its_own_work_for_a_minute_keeps_its_lease_
             ages.append(query(admin_url, "SELECT extract(epoch FROM now() - heartbeat_time) FROM scrapyd_node "
                                          "WHERE name = %s AND stopped_time IS NULL", (busy.name,))[0][0])
 
-    with contextlib.closing(connect(admin_url)) as locker, locker.cursor() as cursor:
+    with contextlib.closing(connect(admin_url)) as locker, locker.cursor() as cursor, \
+            ConnectionSampler(admin_url, {busy.name: busy.process.pid}) as sampler:
         cursor.execute("BEGIN; LOCK TABLE spider_job IN ACCESS EXCLUSIVE MODE")
         threads = [threading.Thread(target=flood) for _ in range(8)] + [threading.Thread(target=sample_lease)]
         for thread in threads:
@@ -392,8 +393,13 @@ def test_a_node_whose_pool_is_held_by_its_own_work_for_a_minute_keeps_its_lease_
         thread.join(60)
 
     print(f"{FLOOD_SECONDS} s of flood: {busy.name}'s lease at most {max(ages):.2f} s old; statements of the node "
-          f"waiting on the lock at the end: {held}")
+          f"waiting on the lock at the end: {held}; connections held at most {sampler.held}, server backends by name "
+          f"at most {sampler.peak}")
     assert held >= 1  # the node's own work held its pool (an abandoned statement waits on in the server)
+    # Its pool (2) and its listener, which carries the lease: 3 connections all along, none opened for the lease.
+    assert sampler.held == {busy.name: 3}
+    assert sampler.peak[f"scrapyd-pgqueue-listener {busy.name}"] == 1
+    assert f"scrapyd-pgqueue-lease {busy.name}" not in sampler.peak
     assert max(ages) < 2  # renewed every heartbeat_interval (1 s), never near the 3 s that stop the crawls
     [(status, outcome, node, attempts)] = wait_for(
         lambda: [state for state in jobs(admin_url, "long").values() if state[0] == "terminated"], 60,

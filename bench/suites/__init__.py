@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from bench.suites import (
-    bulk, churn, crawlstart, delayed, depth, idle, idlenode, scale, throughput, tickstats, wakeup, warmstart,
+    bulk, churn, crawlstart, delayed, depth, idle, idlenode, notify, scale, throughput, tickstats, wakeup, warmstart,
 )
 
 
@@ -50,6 +50,8 @@ SUITES = [
     Suite("crawlstart", crawlstart),
     Suite("warmstart", warmstart),
     Suite("bulk", bulk),
+    # Starts its own Postgres (max_connections above 1,000 listening sessions) and one real node.
+    Suite("notify", notify),
     # Starts its own Postgres and PgBouncer, 100 real Scrapyd nodes twice and up to 1,000 simulated ones: last.
     Suite("scale", scale),
 ]

@@ -38,6 +38,8 @@ STATEMENT = re.compile(r"^(?P<application>[^|\n]*)\|LOG:  statement: (?P<text>.*
 STOCK_CONFIG = "[scrapyd]\nbind_address = 127.0.0.1\n\n[settings]\nexample = example.settings\n"
 MEMORY_TARGET = 1.15  # an idle node within 15% of stock Scrapyd's RSS
 STATEMENTS_TARGET = 2.0  # per node per tick
+CONNECTIONS_PERIOD = 0.25  # seconds between samples of the nodes' connections
+CONNECTION_BUDGET = {"notify": 3, "polling": 2}  # per node: listen_notify on, off
 
 
 def run(ctx: Context) -> dict:
@@ -59,6 +61,7 @@ def run(ctx: Context) -> dict:
     memory = modes["notify"].pop("memory")
     modes["polling"].pop("memory")
     ratios = {
+        **{f"{name} connections per node, peak": modes[name]["connections"]["peak_per_node"] for name in modes},
         "notify statements per node per tick": modes["notify"]["per_node_per_tick"],
         "polling statements per node per tick": modes["polling"]["per_node_per_tick"],
         "node RSS / stock RSS": memory["rss_ratio"],
@@ -76,6 +79,9 @@ def run(ctx: Context) -> dict:
             report.target("statements per node per tick, polling", ratios["polling statements per node per tick"],
                           "<=", STATEMENTS_TARGET),
             report.target("idle node RSS / stock Scrapyd", memory["rss_ratio"], "<=", MEMORY_TARGET),
+            *(report.target(f"connections per node, peak, {name}", modes[name]["connections"]["peak_per_node"], "<=",
+                            budget, "idle; the busy peak: tests/test_leases.py, tests/test_pgbouncer.py")
+              for name, budget in CONNECTION_BUDGET.items()),
         ],
         "notes": [],
     }
@@ -95,7 +101,7 @@ def _measure(ctx: Context, server, listen: str) -> dict:
             time.sleep(WARMUP[ctx.profile.name])
             start = server.logfile.stat().st_size
             began = time.monotonic()
-            time.sleep(WINDOW[ctx.profile.name])
+            connections = _connections_per_node(server.url, WINDOW[ctx.profile.name])
             with open(server.logfile, "rb") as log:
                 log.seek(start)
                 text = log.read().decode(errors="replace")
@@ -103,7 +109,36 @@ def _measure(ctx: Context, server, listen: str) -> dict:
             memory = _memory([node.process.pid for node in cluster.nodes], stock.process.pid)
         finally:
             stock.stop()
-    return {**_statements(text, seconds), "memory": memory}
+    return {**_statements(text, seconds), "memory": memory, "connections": connections}
+
+
+# A node's server connections, by the node name that ends each of its application names.
+NODE_CONNECTIONS = """
+    SELECT substring(application_name FROM ' (\\S+)$') AS node, count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND application_name LIKE 'scrapyd-pgqueue%' GROUP BY 1
+"""
+
+
+def _connections_per_node(url: str, seconds: float) -> dict:
+    """Each node's server connections, sampled every CONNECTIONS_PERIOD for ``seconds``: the most any node held at
+    once (its budget: 3 with listen_notify on, 2 off) and the mean over nodes and samples."""
+    import contextlib
+
+    import psycopg2
+
+    samples = []
+    end = time.monotonic() + seconds
+    # Named apart from the package's connections: neither its statements nor itself are counted as a node's.
+    with contextlib.closing(psycopg2.connect(url, application_name="bench-idlenode")) as connection, \
+            connection.cursor() as cursor:
+        connection.autocommit = True
+        while time.monotonic() < end:
+            cursor.execute(NODE_CONNECTIONS)
+            samples.append(dict(cursor.fetchall()))
+            time.sleep(CONNECTIONS_PERIOD)
+    counts = [count for sample in samples for count in sample.values()]
+    return {"samples": len(samples), "peak_per_node": max(counts, default=0),
+            "mean_per_node": statistics.fmean(counts) if counts else 0.0}
 
 
 def _statements(text: str, seconds: float) -> dict:
@@ -155,7 +190,9 @@ def _smaps(pid: int) -> dict:
 def format_table(result: dict) -> str:
     series = result["series"]
     rows = [[name, f"{series[name]['statements']:,}", f"{series[name]['window_seconds']:g}",
-             report.number(series[name]["per_node_per_tick"], 2)] for name in ("notify", "polling")]
+             report.number(series[name]["per_node_per_tick"], 2),
+             report.number(series[name]["connections"]["peak_per_node"]),
+             report.number(series[name]["connections"]["mean_per_node"], 2)] for name in ("notify", "polling")]
     kinds = sorted({kind for name in ("notify", "polling") for kind in series[name]["kinds_per_node_per_tick"]})
     kind_rows = [[kind, *(report.number(series[name]["kinds_per_node_per_tick"].get(kind, 0.0), 2)
                           for name in ("notify", "polling"))] for kind in kinds]
@@ -170,7 +207,8 @@ def format_table(result: dict) -> str:
         report.heading("Idle real nodes"),
         f"{result['parameters']['nodes']} one-line nodes, empty queue, poll and heartbeat every "
         f"{result['parameters']['tick_seconds']:g} s; statements from the server's log (log_statement = all)",
-        report.format_rows(["listen_notify", "statements", "window s", "per node per tick"], rows),
+        report.format_rows(["listen_notify", "statements", "window s", "per node per tick", "connections peak",
+                            "connections mean"], rows),
         "",
         report.format_rows(["statement", "notify /node/tick", "polling /node/tick"], kind_rows),
         "",

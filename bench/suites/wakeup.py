@@ -155,8 +155,9 @@ def _wait_idle(ctx: Context, cluster, listening: bool) -> None:
 def _one_job(ctx: Context, cluster, mode: str, index: int, pauses: random.Random, longest_pause: float) -> dict:
     node = cluster.nodes[index % len(cluster.nodes)]
     job = f"wakeup-{mode}-{index}-{uuid.uuid4().hex[:8]}"
+    sent = datetime.datetime.now().astimezone()  # start_time is on the database's clock, aware (0007)
     answer = node.post("schedule.json", project=PROJECT, spider=SPIDER, jobid=job)
-    responded = datetime.datetime.now()
+    responded = datetime.datetime.now().astimezone()
     if answer.get("status") != "ok":
         raise RuntimeError(f"wakeup: schedule.json on {node.name} refused job {job}: {answer}")
     with database.admin_connection(ctx.database_url) as connection, connection.cursor() as cursor:
@@ -175,6 +176,7 @@ def _one_job(ctx: Context, cluster, mode: str, index: int, pauses: random.Random
         "scheduled_on": node.name,
         "ran_on": ran_on,
         "latency_ms": latency * 1000,
+        "from_request_ms": (start_time - sent).total_seconds() * 1000,  # never negative: the answer's way included
         "outcome": None if finished is None else finished[3],
         "crawl_s": crawl,  # from the pid seen in the row to the row terminated: not a measure, the run's cost
         "pause_s": pause,

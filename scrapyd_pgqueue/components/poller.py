@@ -41,6 +41,7 @@ class PostgresPoller:
         self.claim_errors = ThrottledLog(lambda message: log.error("{message}", message=message))
         self.due_timer = None  # a claim at the time the next delayed job is due
         self.periodic: PeriodicFirer | None = None  # started with the listener, at the first poll
+        self.wants_work: bool | None = None  # as last said to the cluster (scrapyd_node.wants_work); None: unsaid
         self.update_projects()
 
     def update_projects(self):
@@ -106,7 +107,28 @@ class PostgresPoller:
             self.dq.put(message)
         if claim_again:
             return self.poll()
+        self.say_whether_wanting()
         return None
+
+    def say_whether_wanting(self) -> None:
+        """Tell the cluster, when it changes, whether this node wants work (free slots left after a claim): a new job
+        sends a NOTIFY only while some node does. A node that starts wanting claims once more after saying so, since
+        a job enqueued between its claim and its word woke nobody."""
+        wants = self.accepting and bool(self.dq.waiting) and self.hears_notify()
+        if wants == self.wants_work:
+            return
+        self.wants_work = wants
+        said = threads.deferToThread(self.store.set_wants_work, pgconfig.WORKER_ID, wants)
+        said.addCallbacks(lambda _: self.poll() if wants else None, self._not_said)
+
+    def _not_said(self, failure: Failure) -> None:
+        self.wants_work = None  # said again after the next claim
+        self.claim_errors.report(f"Telling the cluster this node wants work failed: {failure.getErrorMessage()}",
+                                 key="wants_work")
+
+    def hears_notify(self) -> bool:
+        """Whether a NOTIFY reaches this node (off, or poll-only behind a transaction pooler: waking it is useless)."""
+        return self.settings.listen_notify and not notifications.listener_for(self.settings).poll_only.is_set()
 
     def claim_when_due(self, seconds: float | None) -> None:
         """Claim again when the next delayed job is due (the regular tick stays the floor)."""

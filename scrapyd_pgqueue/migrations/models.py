@@ -154,6 +154,14 @@ class ScrapydNode(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     stopped_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+    # Whether its poller has free slots and found nothing to claim (0016): a new job wakes nodes (NOTIFY) only
+    # while one does. NULL (not said yet, or a node of an older version) counts as wanting.
+    wants_work: Mapped[bool | None]
+
+    __table_args__ = (
+        Index("scrapyd_node_wanting_idx", "id",
+              postgresql_where=text("wants_work IS NOT FALSE AND stopped_time IS NULL")),
+    )
 
 
 class ProjectEgg(Base):

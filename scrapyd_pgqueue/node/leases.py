@@ -6,8 +6,9 @@ reads what the node must learn from the cluster, all in one statement (``JobStor
 (``on_lease_lost = stop``) stops this node's crawls before its lease can expire. Used by ``PostgresLauncher``, which
 gives them its crawls (``contracts.INodeCrawls``);
 threads, not the reactor, which may be busy for seconds (a launcher's work, Twisted's own). The keeper's statements
-go through a connection of its own, not the node's pool: requests, finishes and maintenance holding every pooled
-connection cannot delay a heartbeat.
+never go through the node's pool: requests, finishes and maintenance holding every pooled connection cannot delay a
+heartbeat. They ride the listener's connection, which idles between notifications (``db.lease_engine_for_settings``),
+or, with ``listen_notify`` off, a connection of their own.
 """
 
 from __future__ import annotations

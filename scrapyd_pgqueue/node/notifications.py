@@ -9,17 +9,19 @@ sent while it was away are lost (NOTIFY is a hint; polling and heartbeats are th
 LISTEN needs a session of its own on the server, which a transaction pooler (PgBouncer's ``pool_mode =
 transaction``) cannot give: the LISTEN lands on whichever server connection served that transaction. So after
 connecting the listener proves that it hears a NOTIFY sent through the node's pool; if it does not, the node runs
-poll-only (said once) and holds no listening connection. ``listen_url`` points the listener straight at Postgres.
+poll-only (said once) and listens no more; its connection still carries the lease's statements. ``listen_url``
+points the listener (and so the lease) straight at Postgres.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import select
 import threading
 import uuid
 
-import psycopg2
 from psycopg2 import sql
 
 from scrapyd_pgqueue.store import db
@@ -32,22 +34,31 @@ MAX_BACKOFF = 5.0
 
 
 class Listener(threading.Thread):
-    """LISTEN on ``url`` and hand each notification to the callbacks subscribed to its channel (on this thread)."""
+    """LISTEN on ``url`` and hand each notification to the callbacks subscribed to its channel (on this thread).
 
-    def __init__(self, url: str, send_notify, node_name: str = ""):
+    The connection is the node's session engine's (``db.session_engine``), which the lease thread borrows for its
+    statements between notifications: this thread holds it only to LISTEN and to read what arrived, never while it
+    waits. Notifications that arrive during a borrowed statement are read by it; its return wakes this thread.
+    """
+
+    def __init__(self, url: str, send_notify, node_name: str = "", timeout: float = db.DEFAULT_TIMEOUT):
         super().__init__(name="pgqueue-listener", daemon=True)
         self.url = url
-        self.application_name = db.application_name(node_name, "-listener")
+        self.engine = db.session_engine(url, node_name, timeout)
         self.send_notify = send_notify  # send_notify(channel, payload) through the node's pool: the probe
         self.lock = threading.Lock()
         self.callbacks: dict[str, list] = {}
         self.reconnect_callbacks: list = []
-        self.listening: set[str] = set()  # channels LISTENed on the current connection
+        self.session = None  # the driver connection the channels below are LISTENed on
+        self.listening: set[str] = set()
         self.stopping = threading.Event()
         self.connected = threading.Event()
         self.poll_only = threading.Event()  # LISTEN does not work through this URL: subscribers must poll
         self.probe_channel = f"scrapyd_pgqueue_probe_{uuid.uuid4().hex[:16]}"
         self.trouble = ThrottledLog(log.warning)
+        self.wake_reader, self.wake_writer = os.pipe()
+        os.set_blocking(self.wake_writer, False)
+        self.engine.checkin_listeners.append(self._wake_if_heard)
 
     def subscribe(self, channel: str, callback, on_reconnect=None) -> None:
         """Call ``callback(payload)`` for each NOTIFY on ``channel``; ``on_reconnect()`` after each reconnect."""
@@ -58,86 +69,100 @@ class Listener(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake()
 
     def run(self) -> None:
         backoff = 0.2
-        first = True
-        while not self.stopping.is_set():
-            connection = None
-            try:
-                connection = self._connect()
-                if not self._hears_itself(connection):
-                    self.poll_only.set()
-                    log.warning(
-                        "LISTEN does not work through %s (a transaction pooler such as PgBouncer?): this node runs "
-                        "poll-only, claiming every poll_interval; set listen_url (SCRAPYD_LISTEN_URL) to a direct "
-                        "connection to Postgres for instant wake-up", db.describe(self.url),
+        try:
+            while not self.stopping.is_set():
+                try:
+                    if self.session is None and not self._probe():
+                        return
+                    self._wait_and_dispatch()
+                    backoff = 0.2
+                except db.PoolTimeout:  # the lease's statement holds the session (a stalled database): wait on
+                    continue
+                except Exception as e:  # noqa: BLE001 - any failure: the next checkout reconnects
+                    self.connected.clear()
+                    self.trouble.report(
+                        f"notification listener on {db.describe(self.url)} lost its connection ({db.first_line(e)}); "
+                        "reconnecting", key="lost",
                     )
-                    return
-                self.connected.set()
-                self.trouble.clear("lost")
-                backoff = 0.2
-                if not first:
-                    for callback in list(self.reconnect_callbacks):
-                        callback()
-                first = False
-                while not self.stopping.is_set():
-                    self._listen_to_new_channels(connection)
-                    if select.select([connection], [], [], 1.0)[0]:
-                        self._dispatch(connection)
-            except Exception as e:  # noqa: BLE001 - any failure: reconnect
-                self.connected.clear()
-                self.trouble.report(
-                    f"notification listener on {db.describe(self.url)} lost its connection ({db.first_line(e)}); "
-                    "reconnecting", key="lost",
-                )
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-            finally:
-                self.listening = set()
-                if connection is not None:
-                    connection.close()
+                    self.stopping.wait(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+        finally:
+            self.engine.checkin_listeners.remove(self._wake_if_heard)
 
-    def _connect(self):
-        connection = db.connect_when_served(
-            lambda: psycopg2.connect(
-                db.driver_dsn(self.url), application_name=self.application_name, **db.TCP_SETTINGS,
-            ),
-            self.url,
+    def _probe(self) -> bool:
+        """On the first connection: does LISTEN work through this URL? If not, say so once and listen no more."""
+        if self._hears_itself():
+            return True
+        self.poll_only.set()
+        log.warning(
+            "LISTEN does not work through %s (a transaction pooler such as PgBouncer?): this node runs "
+            "poll-only, claiming every poll_interval; set listen_url (SCRAPYD_LISTEN_URL) to a direct "
+            "connection to Postgres for instant wake-up", db.describe(self.url),
         )
-        connection.autocommit = True
-        return connection
+        return False
+
+    def _wait_and_dispatch(self) -> None:
+        """LISTEN on a new connection (and tell subscribers of a reconnect), hand out what arrived, then wait (the
+        connection free for the lease) until something is readable or a borrowed statement read a notification."""
+        payloads, reconnected = self._read()
+        self._hand_out(payloads)
+        if reconnected:
+            self.trouble.clear("lost")
+            for callback in list(self.reconnect_callbacks):
+                callback()
+        self.connected.set()
+        if self.session.closed:  # a statement of the lease's broke it: the next checkout opens another
+            return
+        readable = select.select([self.session, self.wake_reader], [], [], 1.0)[0]
+        if self.wake_reader in readable:
+            os.read(self.wake_reader, 4096)
+
+    def _read(self) -> tuple[list, bool]:
+        """On the session connection, held briefly: LISTEN on channels not yet listened on there, and take the
+        notifications that arrived. ``reconnected``: the connection is not the one listened on before."""
+        with db.deadline(db.CONNECT_TIMEOUT), self.engine.connect() as connection:
+            session = connection.driver_connection
+            reconnected = self.session is not None and session is not self.session
+            if session is not self.session:
+                self.session, self.listening = session, set()
+                self._listen(session, self.probe_channel)
+            with self.lock:
+                new = [channel for channel in self.callbacks if channel not in self.listening]
+            for channel in new:
+                self._listen(session, channel)
+            session.poll()
+            payloads = []
+            while session.notifies:
+                payloads.append(session.notifies.pop(0))
+            return payloads, reconnected
 
     def _listen(self, connection, channel: str) -> None:
-        with db.deadline(db.CONNECT_TIMEOUT), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         self.listening.add(channel)
 
-    def _listen_to_new_channels(self, connection) -> None:
-        with self.lock:
-            new = [channel for channel in self.callbacks if channel not in self.listening]
-        for channel in new:
-            self._listen(connection, channel)
-
-    def _hears_itself(self, connection) -> bool:
+    def _hears_itself(self) -> bool:
         """Send a NOTIFY through the node's pool and wait for it here: a direct session hears it at once."""
-        self._listen(connection, self.probe_channel)
+        self._read()
         token = uuid.uuid4().hex
         self.send_notify(self.probe_channel, token)
-        deadline = PROBE_WAIT
-        while deadline > 0:
-            if select.select([connection], [], [], 0.25)[0]:
-                if token in self._dispatch(connection):
-                    return True
-            deadline -= 0.25
+        waited = 0.0
+        while waited < PROBE_WAIT:
+            select.select([self.session, self.wake_reader], [], [], 0.25)
+            waited += 0.25
+            payloads, _ = self._read()
+            if token in self._hand_out(payloads):
+                return True
         return False
 
-    def _dispatch(self, connection) -> list[str]:
-        """Hand out what arrived; return the payloads of probes."""
+    def _hand_out(self, notifies) -> list[str]:
+        """Give each notification to its channel's callbacks; return the payloads of probes."""
         probes = []
-        connection.poll()
-        while connection.notifies:
-            notify = connection.notifies.pop(0)
+        for notify in notifies:
             if notify.channel == self.probe_channel:
                 probes.append(notify.payload)
                 continue
@@ -149,6 +174,15 @@ class Listener(threading.Thread):
                 except Exception:  # noqa: BLE001 - one subscriber's bug must not cost the others their events
                     log.exception("handling a notification on %s failed", notify.channel)
         return probes
+
+    def _wake_if_heard(self, connection) -> None:
+        """A connection given back (the lease's statement) read notifications: hand them out now, not in a second."""
+        if connection.notifies:
+            self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.wake_writer, b"\0")
 
 
 _listeners: dict[str, Listener] = {}
@@ -163,6 +197,7 @@ def listener_for(settings) -> Listener:
     with _listeners_lock:
         listener = _listeners.get(url)
         if listener is None:
-            listener = _listeners[url] = Listener(url, notify_through_pool(settings), settings.node_name)
+            listener = _listeners[url] = Listener(url, notify_through_pool(settings), settings.node_name,
+                                                  settings.database_timeout)
             listener.start()
         return listener

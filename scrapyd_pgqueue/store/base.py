@@ -12,8 +12,14 @@ from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.store.pool import Engine
 from scrapyd_pgqueue.store.sql import text
 
-# Channel of the NOTIFY sent with every enqueue; the payload is the project.
+# Channel of the NOTIFY that wakes idle nodes when jobs became claimable; the payload is empty (a constant: Postgres
+# folds a transaction's identical notifications into one).
 NOTIFY_CHANNEL = "scrapyd_pgqueue_jobs"
+# Whether a node may need waking: one has free slots and found nothing to claim (0016; NULL: not said yet). Every
+# notifying transaction commits one at a time (Postgres's lock on its notification queue) and wakes every
+# listening backend, so a job sent to a cluster whose nodes are all busy sends none: they claim again when a slot
+# frees. One probe of scrapyd_node_wanting_idx.
+NODES_WANT_WORK = "EXISTS (SELECT 1 FROM scrapyd_node WHERE wants_work IS NOT FALSE AND stopped_time IS NULL)"
 
 # Longest project, spider, job id or version stored: (project, job) is one index entry, which Postgres caps at
 # 2704 bytes.

@@ -6,9 +6,11 @@ The store reaches psycopg2 through this module and the two below it: ``pool.py``
 Scrapyd creates queue and storage objects often (per project, on every deploy, in every crawl subprocess), so
 engines are shared per process and URL, and the schema is migrated once per engine.
 
-A node's budget of server connections is fixed: a pool of ``database_pool_size`` (default 2, no overflow) for
-every statement of the process's work, one for its lease thread (``lease_engine_for_settings``), and one listener
-(``node/notifications.py``). Nothing here relies on session state across transactions, so ``database_url`` may point
+A node's budget of server connections is fixed: with ``listen_notify`` on, a pool of ``database_pool_size``
+(default 2, no overflow) for every statement of the process's work, and one session connection that LISTENs and
+carries the lease thread's statements (``session_engine``): 3 by default. With it off, the lease keeps a connection of
+its own and the pool has one fewer: 2 by default. With ``listen_url`` (``database_url`` is PgBouncer) the lease keeps
+a PgBouncer connection of its own, and Postgres sees one connection per node, the listener's. Nothing here relies on session state across transactions, so ``database_url`` may point
 at PgBouncer in transaction pooling mode: timeouts ride on each statement (``SET LOCAL`` in the same query
 string), the migration lock is a transaction-level advisory lock, and psycopg2 prepares nothing on the server.
 
@@ -89,20 +91,37 @@ def operation(engine: Engine, seconds: float | None = None):
 
 
 def engine_for_settings(settings) -> Engine:
-    """The engine of a node: its pool size and operations' timeout come from its configuration."""
+    """The engine of a node: its pool size and operations' timeout come from its configuration. Without a listener
+    the lease's own connection counts in ``database_pool_size`` (a node then holds that many in all)."""
+    pool_size = settings.database_pool_size if settings.listen_notify else max(1, settings.database_pool_size - 1)
     return get_engine(
-        settings.database_url, pool_size=settings.database_pool_size, timeout=settings.database_timeout,
+        settings.database_url, pool_size=pool_size, timeout=settings.database_timeout,
         application_name=application_name(settings.node_name),
     )
 
 
 def lease_engine_for_settings(settings) -> Engine:
-    """The engine of a node's lease thread: one connection of its own, which the node's work (pages, web services,
-    finishes, maintenance) never holds, so a busy pool cannot make the node miss its heartbeat."""
+    """The engine of a node's lease thread: one connection that the node's work (pages, web services, finishes,
+    maintenance) never holds, so a busy pool cannot make the node miss its heartbeat. The listener's session (idle
+    between notifications) when it goes where the work goes; else a connection of its own on ``database_url``.
+
+    A lease renewed straight to Postgres (``listen_url``) while the node's work goes through PgBouncer would outlive
+    PgBouncer's refusals (``server_login_retry`` after a restart) that the leases of poll-only nodes behind it do
+    not: nodes that kept theirs would take over the others' running jobs, and run them twice."""
+    if settings.listen_notify and settings.listen_url in ("", settings.database_url):
+        return session_engine(settings.database_url, settings.node_name, settings.database_timeout)
     return get_engine(
         settings.database_url, pool_size=1, timeout=settings.database_timeout, migrate_schema=False,
         application_name=application_name(settings.node_name, "-lease"), purpose="lease",
     )
+
+
+def session_engine(url: str, node_name: str = "", timeout: float = DEFAULT_TIMEOUT) -> Engine:
+    """The node's one session connection on ``url``: it LISTENs (``node/notifications.py``) and, between
+    notifications, carries the lease thread's statements, which need no session state (a transaction pooler may
+    serve them when LISTEN cannot work there)."""
+    return get_engine(url, pool_size=1, timeout=timeout, migrate_schema=False, listening=True,
+                      application_name=application_name(node_name, "-listener"), purpose="session")
 
 
 def application_name(node_name: str, role: str = "") -> str:
@@ -219,6 +238,7 @@ def get_engine(
     migrate_schema: bool = True,
     application_name: str = "scrapyd-pgqueue",
     purpose: str = "",
+    listening: bool = False,
 ) -> Engine:
     """The process's engine for ``url`` (and ``purpose``: a pool of its own), created (and the schema migrated) on
     first use.
@@ -233,7 +253,7 @@ def get_engine(
         return engine
     with _engines_lock:
         if key not in _engines:
-            _engines[key] = _create_engine(url, pool_size, timeout, application_name)
+            _engines[key] = _create_engine(url, pool_size, timeout, application_name, listening)
         if migrate_schema and key not in _migrated:
             with operation(_engines[key], MIGRATION_TIMEOUT):
                 migrate(_engines[key])
@@ -241,10 +261,11 @@ def get_engine(
         return _engines[key]
 
 
-def _create_engine(url: str, pool_size: int, timeout: float, application_name: str) -> Engine:
+def _create_engine(url: str, pool_size: int, timeout: float, application_name: str, listening: bool) -> Engine:
     try:
         # Fixed: busy means wait (up to ``timeout``), never one more connection.
-        return Engine(url, pool_size=pool_size, timeout=timeout, connect_args={"application_name": application_name})
+        return Engine(url, pool_size=pool_size, timeout=timeout, connect_args={"application_name": application_name},
+                      listening=listening)
     except ValueError as e:  # not a URL, or an ambiguous one: no connection is tried, nothing of it is shown
         raise DatabaseError(str(e)) from None
 

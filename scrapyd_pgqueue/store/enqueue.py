@@ -14,6 +14,7 @@ from scrapyd_pgqueue.store.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     ERROR,
     NO_OPTIONS,
+    NODES_WANT_WORK,
     NOTIFY_CHANNEL,
     REPLACE,
     DuplicateJobError,
@@ -26,8 +27,8 @@ from scrapyd_pgqueue.store.base import (
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Add jobs, all or none, in one statement; one NOTIFY wakes idle nodes (delivered on commit, so a woken node finds
-# the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in the arrays' order (ORDER
+# Add jobs, all or none, in one statement; one NOTIFY wakes idle nodes, if any node wants work (delivered on commit,
+# so a woken node finds the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in the arrays' order (ORDER
 # BY n), so their ids, and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on
 # the database's clock) waits as 'delayed'; run_at is every job's due time (past-due counts read it). A unique key already held by a waiting job of the project updates that
 # job instead (spider_job_waiting_unique_key decides, also between concurrent schedules): with the new run time,
@@ -35,7 +36,7 @@ from scrapyd_pgqueue.store.base import (
 # says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
 # answer (:answer_by, database clock): a statement that reaches a stalled server and runs after the caller gave up and
 # answered "error" must not leave a ghost job behind.
-ENQUEUE_JOBS = text("""
+ENQUEUE_JOBS = text(f"""
     WITH batch AS (
         SELECT b.*, coalesce(to_timestamp(b.run_at_epoch), now() + make_interval(secs => b.delay)) AS due
         FROM unnest(CAST(:spiders AS text[]), CAST(:jobs AS text[]), CAST(:versions AS text[]),
@@ -72,7 +73,7 @@ ENQUEUE_JOBS = text("""
         )
         RETURNING j.id, j.job, j.unique_key, j.xmax <> 0 AS existing
     ), woken AS (
-        SELECT pg_notify(:channel, :project) WHERE EXISTS (SELECT 1 FROM inserted)
+        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM inserted) AND {NODES_WANT_WORK}
     )
     SELECT id, job, unique_key, existing FROM inserted, (SELECT count(*) FROM woken) AS notified
 """)

@@ -16,6 +16,7 @@ from scrapyd_pgqueue.store.sql import DriverError, text
 from scrapyd_pgqueue.store.all_jobs import CancelRequest
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,
+    NODES_WANT_WORK,
     NOTIFY_CHANNEL,
     ClaimedJob,
     database_errors,
@@ -53,10 +54,13 @@ HEARTBEAT = text("""
 # Mark this process stopped (graceful shutdown).
 STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worker")
 
+# Whether this process wants work (free slots, nothing found to claim): new jobs NOTIFY only while a node does.
+SET_WANTS_WORK = text("UPDATE scrapyd_node SET wants_work = :wants WHERE id = :worker")
+
 # The end of the statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
 # row has an outcome ends now and keeps its pid for the record; the rest go back to the queue. Returns every
-# settled job (its whole row, for its webhooks' events), and wakes idle nodes (one NOTIFY per job sent back to
-# pending).
+# settled job (its whole row, for its webhooks' events), and wakes idle nodes if some want work (one NOTIFY, whatever
+# the number of jobs sent back to pending).
 SETTLED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() END,
             pid = CASE WHEN {source}.outcome IS NOT NULL THEN j.pid END
         FROM {source}
@@ -64,7 +68,8 @@ SETTLED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() E
         RETURNING j.*
     )"""
 ENDED_FROM = SETTLED_FROM + ", " + job_events("{settled}") + """
-    SELECT id, project, job, status, (SELECT pg_notify(:channel, project) WHERE status = 'pending') AS notified
+    SELECT id, project, job, status,
+           (SELECT pg_notify(:channel, '') WHERE status = 'pending' AND """ + NODES_WANT_WORK + """) AS notified
     FROM {settled}"""
 
 # Lease recovery, a step of the node's tick (NODE_TICK): the jobs of every other process whose lease expired (no
@@ -190,7 +195,8 @@ NODE_TICK_QUERY = f"""
     SELECT (SELECT database_clock FROM beat) AS database_clock,
            (SELECT json_agg(json_build_object('id', id, 'project', project, 'job', job, 'status', status,
                                               'recovered', recovered)) FROM settled) AS settled,
-           (SELECT count(*) FROM settled WHERE status = 'pending' AND pg_notify(:channel, project) IS NULL) AS notified,
+           (SELECT count(*) FROM settled
+            WHERE status = 'pending' AND {NODES_WANT_WORK} AND pg_notify(:channel, '') IS NULL) AS notified,
            (SELECT json_agg(json_build_object('id', id, 'project', project, 'job', job, 'worker', worker,
                                               'requests', cancel_requests, 'signal', cancel_signal))
             FROM spider_job WHERE status = 'ongoing' AND worker = :worker AND cancel_requests > 0) AS cancels,
@@ -309,6 +315,11 @@ class NodeLeases:
     def stop_node(self, worker: str) -> None:
         with db.autocommit(self.engine) as connection:
             connection.execute(STOP_NODE, {"worker": worker})
+
+    @database_errors
+    def set_wants_work(self, worker: str, wants: bool) -> None:
+        with db.autocommit(self.engine) as connection:
+            connection.execute(SET_WANTS_WORK, {"worker": worker, "wants": wants})
 
     @database_errors
     def hand_back(

@@ -76,7 +76,7 @@ REQUEUE_DEAD = text(f"""
           )
         RETURNING j.id, j.project, j.job
     ), woken AS (
-        SELECT pg_notify(:channel, project) FROM (SELECT DISTINCT project FROM requeued) AS p
+        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM requeued)
     )
     SELECT id, project, job FROM requeued, (SELECT count(*) FROM woken) AS notified
 """)
@@ -143,7 +143,7 @@ REQUEUE = text(f"""
         WHERE j.id = target.id
         RETURNING j.id, j.project
     )
-    SELECT id, pg_notify(:channel, project) FROM requeued
+    SELECT id, pg_notify(:channel, '') FROM requeued
 """)
 
 # Forget the stored log of a requeued job's previous run.

@@ -57,8 +57,10 @@ class PoolTimeout(Exception):
 class Engine:
     """The pool of one database URL: ``connect()`` lends a ``Connection``; ``dispose()`` closes the idle ones."""
 
-    def __init__(self, url: str, pool_size: int, timeout: float, connect_args: dict):
+    def __init__(self, url: str, pool_size: int, timeout: float, connect_args: dict, listening: bool = False):
         self._dsn = driver_dsn(url)
+        # A LISTENing connection is readable whenever a notification arrives: that is no sign of a closed one.
+        self.listening = listening
         self.url = address_of(url)  # never holds the password
         self.pool_size, self.timeout = pool_size, timeout
         self._connect_args = {**TCP_SETTINGS, **connect_args}
@@ -68,6 +70,8 @@ class Engine:
         # Called with each statement (its text as sent) and each new connection: for the benchmark's counters.
         self.statement_listeners: list[Callable[[str], None]] = []
         self.connect_listeners: list[Callable[[object], None]] = []
+        # Called with each connection given back: the listener learns of notifications a statement read.
+        self.checkin_listeners: list[Callable[[object], None]] = []
 
     def __repr__(self) -> str:
         return f"Engine({self.url.host or 'localhost'}:{self.url.port or 5432}/{self.url.database or ''})"
@@ -87,7 +91,7 @@ class Engine:
                 self._changed.wait(left)
             pooled = self._idle.popleft() if self._idle else None
             self._lent += 1
-        if pooled is not None and not _closed_by_the_server(pooled):
+        if pooled is not None and not _closed_by_the_server(pooled, self.listening):
             return pooled
         if pooled is not None:
             pooled.close()
@@ -108,6 +112,8 @@ class Engine:
             if reusable:
                 self._idle.append(connection)
             self._changed.notify()
+        for listener in self.checkin_listeners:
+            listener(connection)
 
     def dispose(self) -> None:
         """Close the idle connections (those lent are closed when given back only if they broke)."""
@@ -135,8 +141,20 @@ class Engine:
             self._changed.notify()
 
 
-def _closed_by_the_server(connection) -> bool:
-    return bool(connection.closed) or bool(select.select([connection.fileno()], [], [], 0)[0])
+def _closed_by_the_server(connection, listening: bool = False) -> bool:
+    """An idle connection has nothing to read unless the server closed it; a listening one reads what came (the
+    notifications stay in ``connection.notifies``) and is closed only if that fails."""
+    if connection.closed:
+        return True
+    if not select.select([connection.fileno()], [], [], 0)[0]:
+        return False
+    if not listening:
+        return True
+    try:
+        connection.poll()
+    except psycopg2.Error:
+        return True
+    return bool(connection.closed)
 
 
 class Connection:

@@ -150,7 +150,7 @@ SET_LIMIT = text("""
         ON CONFLICT (project, spider) DO UPDATE SET max_running = EXCLUDED.max_running
         RETURNING l.project
     )
-    SELECT project, pg_notify(:channel, project) FROM limited
+    SELECT project, pg_notify(:channel, '') FROM limited
 """)
 
 # Every limit, with how many crawls of the spider run now (the claim's own count).
@@ -162,7 +162,7 @@ LIST_LIMITS = text("""
 # Remove a spider's limit; its waiting jobs may all run now: wake the nodes.
 REMOVE_LIMIT = text("""
     WITH removed AS (DELETE FROM spider_limit WHERE project = :project AND spider = :spider RETURNING project)
-    SELECT project, pg_notify(:channel, project) FROM removed
+    SELECT project, pg_notify(:channel, '') FROM removed
 """)
 
 # --- rows ------------------------------------------------------------------------------------------------------
