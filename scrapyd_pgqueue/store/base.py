@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,9 @@ NOTIFY_CHANNEL = "scrapyd_pgqueue_jobs"
 # Longest project, spider, job id or version stored: (project, job) is one index entry, which Postgres caps at
 # 2704 bytes.
 MAX_NAME_BYTES = 1000
+
+# Beyond 2 ** 53 a double (the priority column) no longer tells consecutive integers apart: p + 1 would run as p.
+MAX_PRIORITY = 2**53
 
 # Channel of the NOTIFY sent with each cancel request on a running job; the payload is JSON (id, project, job,
 # worker, requests, signal), and only the node running the job (its worker) acts on it.
@@ -190,6 +195,21 @@ def _is_unicode(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def check_priority(priority: Any) -> float:
+    """A job's priority, by every way in (schedule.json's number, a batch's or a line's JSON, the Python API, a
+    periodic job): a number, not a boolean, finite, of magnitude at most MAX_PRIORITY; else InvalidJobError."""
+    if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not is_finite(priority):
+        raise InvalidJobError(f"priority must be a finite number, not {priority!r}")
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidJobError(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, not {priority!r}")
+    return float(priority)
+
+
+def is_finite(number: int | float) -> bool:
+    """Finite as a float: JSON's integers have any size, and a float cannot hold them all."""
+    return abs(number) <= sys.float_info.max if isinstance(number, int) else math.isfinite(number)
 
 
 def check_name(what: str, value: Any) -> str:

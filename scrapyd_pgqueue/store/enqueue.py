@@ -5,7 +5,6 @@ tree jobs too); run by ``queue.JobStore.enqueue`` and by periodic firings inside
 from __future__ import annotations
 
 import contextlib
-import math
 import uuid
 from typing import Any
 
@@ -21,6 +20,7 @@ from scrapyd_pgqueue.store.base import (
     InvalidJobError,
     JobOptions,
     check_name,
+    check_priority,
     encode_message,
 )
 
@@ -118,12 +118,12 @@ def job_rows(project: str, jobs, numbered: bool) -> list[dict[str, Any]]:
 
 def _job_row(project: str, message: dict[str, Any], priority: float, options: JobOptions) -> dict[str, Any]:
     """The columns of a new job, checked as the table can hold them (InvalidJobError)."""
-    try:
-        priority = float(priority)
-    except (TypeError, ValueError):
-        raise InvalidJobError(f"priority must be a number, not {priority!r}") from None
-    if not math.isfinite(priority):
-        raise InvalidJobError(f"priority must be a finite number, not {priority!r}")
+    if isinstance(priority, str):  # the Python API's text, read as schedule.json reads its form's
+        try:
+            priority = float(priority)
+        except ValueError:
+            raise InvalidJobError(f"priority must be a number, not {priority!r}") from None
+    priority = check_priority(priority)
     job = message.get("_job")
     if job is None:
         job = uuid.uuid1().hex  # the row needs an id; the message stays exactly as given
