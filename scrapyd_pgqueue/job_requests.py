@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, UNIQUE_SCOPES, InvalidJobError, JobOptions
 from scrapyd_pgqueue.store.base import check_priority as priority_rule
 from scrapyd_pgqueue.store.base import is_finite
@@ -324,6 +326,18 @@ def _name(what: str, value: Any) -> str:
 def _no_nul(what: str, value: str) -> None:
     if "\x00" in value:
         raise RefusedJob(f"{_shown(what)} may not contain NUL characters")
+
+
+def parse_json(document: str | bytes) -> Any:
+    """A JSON document exactly as ``json.loads`` reads it (integers of any size, NaN, Infinity; its errors), parsed
+    by msgspec, several times faster, where msgspec can (all but those numbers and malformed documents)."""
+    try:
+        return _DECODER.decode(document)
+    except msgspec.DecodeError:
+        return json.loads(document)
+
+
+_DECODER = msgspec.json.Decoder()
 
 
 def _text(what: str, value: Any) -> str:

@@ -306,13 +306,14 @@ class WebhookEvent(Base):
 
 class SpiderJobStaging(Base):
     """A big batch of new jobs on its way into spider_job (migration 0015): COPY streams the rows in, and the same
-    transaction moves them to spider_job (store/enqueue.py, MOVE_STAGED_JOBS), keyed by its transaction's id."""
+    transaction moves them to spider_job (store/enqueue.py, MOVE_STAGED_JOBS), keyed by its transaction's id. The table
+    has no primary key (the index on batch and n is not unique); the mapper needs one named."""
 
     __tablename__ = "spider_job_staging"
-    __table_args__ = {"prefixes": ["UNLOGGED"]}
+    __table_args__ = (Index("spider_job_staging_batch_idx", "batch", "n"), {"prefixes": ["UNLOGGED"]})
 
     batch: Mapped[int] = mapped_column(BigInteger, server_default=text("txid_current()"), primary_key=True)
-    n: Mapped[int] = mapped_column(primary_key=True)  # the job's place in its batch: ids follow it
+    n: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # the job's place in its transaction: ids follow it
     spider: Mapped[str] = mapped_column(Text)
     job: Mapped[str] = mapped_column(Text)
     version: Mapped[str | None] = mapped_column(Text)

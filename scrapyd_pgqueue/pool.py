@@ -175,6 +175,20 @@ class Connection:
         count_statement(writes=True)
         return self._send(STATEMENT_PREFIX + statement, params, statement)
 
+    def copy_in(self, statement: str, data) -> None:
+        """``COPY ... FROM STDIN`` streaming the file object ``data``, after the timeouts for the rest of the
+        transaction this must be in (COPY takes no other statement in its query string)."""
+        self.exec_driver_sql("SELECT 1")
+        count_statement(writes=True)
+        for listener in self.engine.statement_listeners:
+            listener(statement)
+        connection = self.driver_connection
+        try:
+            with connection.cursor() as cursor:
+                cursor.copy_expert(statement, data)
+        except psycopg2.Error as e:
+            raise DriverError.wrapping(e, statement, invalidated=bool(connection.closed)) from e
+
     def _send(self, sent: str, params, shown: str, named: bool = False) -> Result:
         for listener in self.engine.statement_listeners:
             listener(sent)

@@ -220,5 +220,5 @@ def test_enqueue_from_standard_input_stops_at_a_bad_line_and_says_which(database
                             input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "line 4: priority must be a finite number" in result.stderr
-    assert "2 jobs before its batch are queued" in result.stderr
-    assert [message["_job"] for message in store.list_pending("example")] == ["ok-0", "ok-1"]
+    assert "nothing was queued" in result.stderr
+    assert store.list_pending("example") == []  # the batch before the bad line too: all or none

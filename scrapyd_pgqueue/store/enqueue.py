@@ -5,10 +5,13 @@ tree jobs too); run by ``queue.JobStore.enqueue`` and by periodic firings inside
 from __future__ import annotations
 
 import contextlib
+import io
 import uuid
 from typing import Any
 
-from scrapyd_pgqueue import db
+import msgspec
+
+from scrapyd_pgqueue import db, waits
 from scrapyd_pgqueue.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     ERROR,
@@ -26,28 +29,19 @@ from scrapyd_pgqueue.store.base import (
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Add jobs, all or none, in one statement; one NOTIFY wakes idle nodes (delivered on commit, so a woken node finds
-# the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in the arrays' order (ORDER
+# Add jobs, all or none, in one statement, from {batch}: the rows of the batch (a CTE named batch) with their place n.
+# One NOTIFY wakes idle nodes (delivered on commit, so a woken node finds
+# the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in their batch order (ORDER
 # BY n), so their ids, and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on
-# the database's clock) waits as 'delayed'; run_at is every job's due time (past-due counts read it). A unique key already held by a waiting job of the project updates that
+# the database's clock) waits as 'delayed'; run_at is every job's due time (past-due counts read it). A unique key
+# already held by a waiting job of the project updates that
 # job instead (spider_job_waiting_unique_key decides, also between concurrent schedules): with the new run time,
 # priority, arguments and settings for the keys in :replace_keys, unchanged otherwise, its job id kept; RETURNING
 # says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
 # answer (:answer_by, database clock): a statement that reaches a stalled server and runs after the caller gave up and
 # answered "error" must not leave a ghost job behind.
-ENQUEUE_JOBS = text("""
-    WITH batch AS (
-        SELECT b.*, coalesce(to_timestamp(b.run_at_epoch), now() + make_interval(secs => b.delay)) AS due
-        FROM unnest(CAST(:spiders AS text[]), CAST(:jobs AS text[]), CAST(:versions AS text[]),
-                    CAST(:prioritys AS double precision[]), CAST(:messages AS jsonb[]),
-                    CAST(:run_ats AS double precision[]), CAST(:delays AS double precision[]),
-                    CAST(:unique_keys AS text[]), CAST(:retriess AS integer[]),
-                    CAST(:retry_delays AS double precision[]), CAST(:periodics AS text[]),
-                    CAST(:parents AS text[]), CAST(:parent_ids AS bigint[]), CAST(:tree_ids AS bigint[]),
-                    CAST(:max_runtimes AS double precision[]), CAST(:stall_timeouts AS double precision[]))
-             WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
-                                  retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, n)
-    ), inserted AS (
+_INSERT_BATCH = """
+    WITH {batch}, inserted AS (
         INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
                                      retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime,
                                      stall_timeout, created_time)
@@ -55,7 +49,8 @@ ENQUEUE_JOBS = text("""
                CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
                unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout,
                now()
-        FROM batch
+        FROM (SELECT b.*, coalesce(to_timestamp(b.run_at_epoch), now() + make_interval(secs => b.delay)) AS due
+              FROM batch AS b) AS due_batch
         WHERE clock_timestamp() < to_timestamp(:answer_by)
         ORDER BY n
         ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
@@ -75,28 +70,97 @@ ENQUEUE_JOBS = text("""
         SELECT pg_notify(:channel, :project) WHERE EXISTS (SELECT 1 FROM inserted)
     )
     SELECT id, job, unique_key, existing FROM inserted, (SELECT count(*) FROM woken) AS notified
-""")
+"""
 
-# --- operations ------------------------------------------------------------------------------------------------
-
-
-def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
-    """Run ENQUEUE_JOBS for ``rows`` (from ``job_rows``) on ``connection``, in a transaction of the caller's (a
-    periodic firing) or alone; say where each job went, in their order. Empty when the caller's time ran out."""
-    params = {"project": rows[0]["project"], "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
-    for column in _ENQUEUE_COLUMNS:
-        params[f"{column}s"] = [row[column] for row in rows]
-    # Keys only: a NULL in the array would make "NOT key = ANY(...)" NULL for the keys not in it (a NULL spider).
-    params["replace_keys"] = [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE and row["unique_key"]]
-    with _duplicates_refused(project, params["jobs"]):
-        return _in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())
-
-
-# The arrays ENQUEUE_JOBS takes, one element per job.
+# The columns of a staged row after n, in STAGE_JOBS' order.
 _ENQUEUE_COLUMNS = (
     "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
     "periodic", "parent", "parent_id", "tree_id", "max_runtime", "stall_timeout",
 )
+
+# A batch arrives as one JSON array of its rows (ENQUEUE_JOBS' :rows, ``json_rows``): one parameter, parsed by the
+# server in one pass (1.5x faster than arrays, one per column, whose elements the driver quotes one by one).
+ENQUEUE_JOBS = text(_INSERT_BATCH.format(batch="""batch AS (
+        SELECT * FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
+                 spider text, job text, version text, priority double precision, message jsonb,
+                 run_at double precision, delay double precision, unique_key text, retries integer,
+                 retry_delay double precision, periodic text, parent text, parent_id bigint, tree_id bigint,
+                 max_runtime double precision, stall_timeout double precision))
+             WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
+                                  retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, n)
+    )"""))
+
+# A big batch is streamed into spider_job_staging with COPY (STAGE_JOBS; the batch column defaults to the
+# transaction's id), then moved by one statement in the same transaction: COPY parses rows on the server faster than
+# arrays bound as parameters (0.75x of a COPY straight into spider_job, against 0.6x for arrays or JSON). Deleting
+# the staged rows as they are read leaves nothing behind, and nothing of a batch that rolls back.
+STAGE_JOBS = ("COPY spider_job_staging (n, spider, job, version, priority, message, run_at_epoch, delay, unique_key, "
+              "retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout) FROM STDIN")
+# :first is the batch's first n: the transaction's earlier batches (dead rows until it ends) are not read again.
+MOVE_STAGED_JOBS = text(_INSERT_BATCH.format(batch="""batch AS (
+        DELETE FROM spider_job_staging WHERE batch = txid_current() AND n >= :first RETURNING *
+    )"""))
+# Batches from this size are staged with COPY: below it, the extra round trips cost more than COPY saves.
+STAGED_FROM_JOBS = 100
+
+# --- operations ------------------------------------------------------------------------------------------------
+
+
+def insert_jobs(connection, project: str, rows: list[dict[str, Any]], first: int = 0) -> list[Enqueued]:
+    """Store ``rows`` (from ``job_rows``) on ``connection``, in a transaction of the caller's (a periodic firing, or
+    any ``staged`` batch) or alone; say where each job went, in their order. Empty when the caller's time ran out.
+    ``first``: how many jobs the transaction stored before these (the first staged row's n)."""
+    params = {"project": rows[0]["project"], "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
+    # Keys only: a NULL in the array would make "NOT key = ANY(...)" NULL for the keys not in it (a NULL spider).
+    params["replace_keys"] = [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE and row["unique_key"]]
+    with _duplicates_refused(project, [row["job"] for row in rows]):
+        if staged(rows):
+            connection.copy_in(STAGE_JOBS, staged_rows(rows, first))
+            return _in_request_order(rows, connection.execute(MOVE_STAGED_JOBS, {**params, "first": first}).all())
+        params["rows"] = json_rows(rows)
+        return _in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())
+
+
+def staged(rows: list[dict[str, Any]]) -> bool:
+    """Whether ``rows`` go in by COPY (then in one transaction with their move): a big batch, in a process whose
+    driver can COPY (psycopg2 cannot while it waits on sockets with deadlines: ``waits.copy_allowed``)."""
+    return len(rows) >= STAGED_FROM_JOBS and waits.copy_allowed()
+
+
+def json_rows(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as ENQUEUE_JOBS reads them: a JSON array of objects, the message as the JSON object it is."""
+    return _ROWS_ENCODER.encode([{**row, "message": msgspec.Raw(row["message"].encode())} for row in rows]).decode()
+
+
+_ROWS_ENCODER = msgspec.json.Encoder()
+
+
+def staged_rows(rows: list[dict[str, Any]], first: int = 0) -> io.BytesIO:
+    """``rows`` in COPY's text format, as STAGE_JOBS reads them, numbered from ``first``."""
+    lines = []
+    for n, row in enumerate(rows, start=first):
+        fields = [str(n)]
+        for column in _ENQUEUE_COLUMNS:
+            value = row[column]
+            if value is None:
+                fields.append("\\N")
+            elif isinstance(value, str):
+                fields.append(_copy_text(value))
+            else:
+                fields.append(repr(value) if isinstance(value, float) else str(value))
+        lines.append("\t".join(fields))
+    lines.append("")
+    return io.BytesIO("\n".join(lines).encode())
+
+
+def _copy_text(value: str) -> str:
+    """A text value as COPY's text format reads it: backslash, tab, newline and carriage return escaped."""
+    if "\\" in value:
+        value = value.replace("\\", "\\\\")
+    if "\t" in value or "\n" in value or "\r" in value:
+        value = value.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return value
+
 
 
 def job_rows(project: str, jobs, numbered: bool) -> list[dict[str, Any]]:
