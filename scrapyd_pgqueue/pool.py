@@ -180,21 +180,17 @@ class Connection:
         transaction this must be in (COPY takes no other statement in its query string)."""
         self.exec_driver_sql("SELECT 1")
         count_statement(writes=True)
-        for listener in self.engine.statement_listeners:
-            listener(statement)
-        connection = self.driver_connection
-        try:
-            with connection.cursor() as cursor:
-                cursor.copy_expert(statement, data)
-        except psycopg2.Error as e:
-            raise DriverError.wrapping(e, statement, invalidated=bool(connection.closed)) from e
+        self._send(statement, None, statement, copied=data)
 
-    def _send(self, sent: str, params, shown: str, named: bool = False) -> Result:
+    def _send(self, sent: str, params, shown: str, named: bool = False, copied=None) -> Result:
         for listener in self.engine.statement_listeners:
             listener(sent)
         connection = self.driver_connection
         try:
             with connection.cursor() as cursor:
+                if copied is not None:
+                    cursor.copy_expert(sent, copied)
+                    return Result([], cursor.rowcount, ())
                 cursor.execute(sent, params)
                 if cursor.description is None:
                     return Result([], cursor.rowcount, ())
