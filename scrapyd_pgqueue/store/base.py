@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from scrapyd_pgqueue import db
 from scrapyd_pgqueue.pool import Engine
 from scrapyd_pgqueue.sql import text
@@ -178,22 +180,36 @@ def database_errors(method):
 
 
 def encode_message(message: dict[str, Any]) -> str:
+    """A job's message as JSON text for its jsonb column (InvalidJobError when it cannot be stored)."""
     try:
-        encoded = json.dumps(message, ensure_ascii=False, allow_nan=False)
+        if _plain(message):  # what schedule.json and batches make: msgspec, several times faster, is exact there
+            encoded = _MESSAGE_ENCODER.encode(message).decode()
+        else:  # any value: json refuses NaN and infinities, where msgspec would write null
+            encoded = json.dumps(message, ensure_ascii=False, allow_nan=False)
+            encoded.encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\udc80", from undecodable bytes) cannot be stored
+        raise InvalidJobError("job arguments must be valid Unicode text") from None
     except (TypeError, ValueError) as e:
         raise InvalidJobError(f"job arguments must be JSON-serialisable finite values: {e}") from e
     if "\x00" in encoded or "\\u0000" in encoded:
         raise InvalidJobError("job arguments may not contain NUL characters")
-    if not _is_unicode(encoded):
-        raise InvalidJobError("job arguments must be valid Unicode text")
     return encoded
 
 
-def _is_unicode(value: str) -> bool:
-    try:
-        value.encode()  # a lone surrogate ("\udc80", from undecodable bytes) cannot be stored
-    except UnicodeEncodeError:
-        return False
+_MESSAGE_ENCODER = msgspec.json.Encoder()
+
+
+def _plain(message: dict[str, Any]) -> bool:
+    """Whether every value is a string, or an object of strings (the settings), under string keys."""
+    for key, value in message.items():
+        if type(key) is not str:
+            return False
+        if type(value) is not str:
+            if type(value) is not dict:
+                return False
+            for name, setting in value.items():
+                if type(name) is not str or type(setting) is not str:
+                    return False
     return True
 
 
@@ -220,9 +236,11 @@ def check_name(what: str, value: Any) -> str:
         raise InvalidJobError(f"{what} may not be empty")
     if "\x00" in value:
         raise InvalidJobError(f"{what} may not contain NUL characters")
-    if not _is_unicode(value):
-        raise InvalidJobError(f"{what} must be valid Unicode text")
-    if len(value.encode()) > MAX_NAME_BYTES:
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:  # a lone surrogate ("\udc80", from undecodable bytes) cannot be stored
+        raise InvalidJobError(f"{what} must be valid Unicode text") from None
+    if size > MAX_NAME_BYTES:
         raise InvalidJobError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
     return value
 
