@@ -313,7 +313,8 @@ class SpiderJobStaging(Base):
     __table_args__ = (Index("spider_job_staging_batch_idx", "batch", "n"), {"prefixes": ["UNLOGGED"]})
 
     batch: Mapped[int] = mapped_column(BigInteger, server_default=text("txid_current()"), primary_key=True)
-    n: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # the job's place in its transaction: ids follow it
+    id: Mapped[int] = mapped_column(BigInteger)  # reserved for the job in its batch's order (spider_job.id)
+    n: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # the job's place in its transaction
     spider: Mapped[str] = mapped_column(Text)
     job: Mapped[str] = mapped_column(Text)
     version: Mapped[str | None] = mapped_column(Text)

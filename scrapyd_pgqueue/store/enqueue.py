@@ -5,13 +5,12 @@ tree jobs too); run by ``queue.JobStore.enqueue`` and by periodic firings inside
 from __future__ import annotations
 
 import contextlib
-import io
 import uuid
 from typing import Any
 
 import msgspec
 
-from scrapyd_pgqueue import db, waits
+from scrapyd_pgqueue import db
 from scrapyd_pgqueue.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     ERROR,
@@ -29,7 +28,8 @@ from scrapyd_pgqueue.store.base import (
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Add jobs, all or none, in one statement, from {batch}: the rows of the batch (a CTE named batch) with their place n.
+# Add jobs, all or none, in one statement, from {batch}: the rows of the batch (a CTE named batch) with their place n
+# ({id}: "id, " when the rows carry ids reserved for them, else nothing: the column's default numbers them).
 # One NOTIFY wakes idle nodes (delivered on commit, so a woken node finds
 # the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in their batch order (ORDER
 # BY n), so their ids, and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on
@@ -40,12 +40,12 @@ from scrapyd_pgqueue.store.base import (
 # says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
 # answer (:answer_by, database clock): a statement that reaches a stalled server and runs after the caller gave up and
 # answered "error" must not leave a ghost job behind.
-_INSERT_BATCH = """
+INSERT_BATCH = """
     WITH {batch}, inserted AS (
-        INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
+        INSERT INTO spider_job AS j ({id}project, spider, job, version, priority, message, status, run_at, unique_key,
                                      retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime,
                                      stall_timeout, created_time)
-        SELECT :project, spider, job, version, priority, message,
+        SELECT {id}:project, spider, job, version, priority, message,
                CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
                unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout,
                now()
@@ -72,15 +72,15 @@ _INSERT_BATCH = """
     SELECT id, job, unique_key, existing FROM inserted, (SELECT count(*) FROM woken) AS notified
 """
 
-# The columns of a staged row after n, in STAGE_JOBS' order.
-_ENQUEUE_COLUMNS = (
+# The columns of a batch's row (a staged row's after id and n).
+ENQUEUE_COLUMNS = (
     "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
     "periodic", "parent", "parent_id", "tree_id", "max_runtime", "stall_timeout",
 )
 
 # A batch arrives as one JSON array of its rows (ENQUEUE_JOBS' :rows, ``json_rows``): one parameter, parsed by the
 # server in one pass (1.5x faster than arrays, one per column, whose elements the driver quotes one by one).
-ENQUEUE_JOBS = text(_INSERT_BATCH.format(batch="""batch AS (
+ENQUEUE_JOBS = text(INSERT_BATCH.format(id="", batch="""batch AS (
         SELECT * FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
                  spider text, job text, version text, priority double precision, message jsonb,
                  run_at double precision, delay double precision, unique_key text, retries integer,
@@ -90,41 +90,25 @@ ENQUEUE_JOBS = text(_INSERT_BATCH.format(batch="""batch AS (
                                   retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, n)
     )"""))
 
-# A big batch is streamed into spider_job_staging with COPY (STAGE_JOBS; the batch column defaults to the
-# transaction's id), then moved by one statement in the same transaction: COPY parses rows on the server faster than
-# arrays bound as parameters (0.75x of a COPY straight into spider_job, against 0.6x for arrays or JSON). Deleting
-# the staged rows as they are read leaves nothing behind, and nothing of a batch that rolls back.
-STAGE_JOBS = ("COPY spider_job_staging (n, spider, job, version, priority, message, run_at_epoch, delay, unique_key, "
-              "retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout) FROM STDIN")
-# :first is the batch's first n: the transaction's earlier batches (dead rows until it ends) are not read again.
-MOVE_STAGED_JOBS = text(_INSERT_BATCH.format(batch="""batch AS (
-        DELETE FROM spider_job_staging WHERE batch = txid_current() AND n >= :first RETURNING *
-    )"""))
-# Batches from this size are staged with COPY: below it, the extra round trips cost more than COPY saves.
-STAGED_FROM_JOBS = 100
-
 # --- operations ------------------------------------------------------------------------------------------------
 
 
-def insert_jobs(connection, project: str, rows: list[dict[str, Any]], first: int = 0) -> list[Enqueued]:
-    """Store ``rows`` (from ``job_rows``) on ``connection``, in a transaction of the caller's (a periodic firing, or
-    any ``staged`` batch) or alone; say where each job went, in their order. Empty when the caller's time ran out.
-    ``first``: how many jobs the transaction stored before these (the first staged row's n)."""
-    params = {"project": rows[0]["project"], "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
-    # Keys only: a NULL in the array would make "NOT key = ANY(...)" NULL for the keys not in it (a NULL spider).
-    params["replace_keys"] = [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE and row["unique_key"]]
-    with _duplicates_refused(project, [row["job"] for row in rows]):
-        if staged(rows):
-            connection.copy_in(STAGE_JOBS, staged_rows(rows, first))
-            return _in_request_order(rows, connection.execute(MOVE_STAGED_JOBS, {**params, "first": first}).all())
-        params["rows"] = json_rows(rows)
-        return _in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())
+def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
+    """Store ``rows`` (from ``job_rows``) on ``connection`` with ENQUEUE_JOBS, in a transaction of the caller's (a
+    periodic firing) or alone; say where each job went, in their order. Empty when the caller's time ran out.
+    (A big batch of a process that can COPY goes through ``staging.copy_jobs`` instead.)"""
+    params = {**insert_params(rows), "rows": json_rows(rows)}
+    with duplicates_refused(project, [row["job"] for row in rows]):
+        return in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())
 
 
-def staged(rows: list[dict[str, Any]]) -> bool:
-    """Whether ``rows`` go in by COPY (then in one transaction with their move): a big batch, in a process whose
-    driver can COPY (psycopg2 cannot while it waits on sockets with deadlines: ``waits.copy_allowed``)."""
-    return len(rows) >= STAGED_FROM_JOBS and waits.copy_allowed()
+def insert_params(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters of INSERT_BATCH besides its rows."""
+    return {
+        "project": rows[0]["project"], "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by(),
+        # Keys only: a NULL in the array would make "NOT key = ANY(...)" NULL for the keys not in it (a NULL spider).
+        "replace_keys": [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE and row["unique_key"]],
+    }
 
 
 def json_rows(rows: list[dict[str, Any]]) -> str:
@@ -133,34 +117,6 @@ def json_rows(rows: list[dict[str, Any]]) -> str:
 
 
 _ROWS_ENCODER = msgspec.json.Encoder()
-
-
-def staged_rows(rows: list[dict[str, Any]], first: int = 0) -> io.BytesIO:
-    """``rows`` in COPY's text format, as STAGE_JOBS reads them, numbered from ``first``."""
-    lines = []
-    for n, row in enumerate(rows, start=first):
-        fields = [str(n)]
-        for column in _ENQUEUE_COLUMNS:
-            value = row[column]
-            if value is None:
-                fields.append("\\N")
-            elif isinstance(value, str):
-                fields.append(_copy_text(value))
-            else:
-                fields.append(repr(value) if isinstance(value, float) else str(value))
-        lines.append("\t".join(fields))
-    lines.append("")
-    return io.BytesIO("\n".join(lines).encode())
-
-
-def _copy_text(value: str) -> str:
-    """A text value as COPY's text format reads it: backslash, tab, newline and carriage return escaped."""
-    if "\\" in value:
-        value = value.replace("\\", "\\\\")
-    if "\t" in value or "\n" in value or "\r" in value:
-        value = value.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-    return value
-
 
 
 def job_rows(project: str, jobs, numbered: bool) -> list[dict[str, Any]]:
@@ -219,7 +175,7 @@ def _job_row(project: str, message: dict[str, Any], priority: float, options: Jo
     }
 
 
-def _in_request_order(rows: list[dict[str, Any]], returned) -> list[Enqueued]:
+def in_request_order(rows: list[dict[str, Any]], returned) -> list[Enqueued]:
     """ENQUEUE_JOBS' rows (in no order) as the requested jobs' order: a unique job by its key (the job id may be a
     waiting job's), the others by job id."""
     by_key = {row.unique_key: row for row in returned if row.unique_key is not None}
@@ -240,7 +196,7 @@ def refuse_existing_keys(rows: list[dict[str, Any]], enqueued: list[Enqueued]) -
 
 
 @contextlib.contextmanager
-def _duplicates_refused(project: str, jobs: list[str]):
+def duplicates_refused(project: str, jobs: list[str]):
     """The live-job unique index's refusal as DuplicateJobError, naming the job (and its place in a batch)."""
     try:
         yield

@@ -13,7 +13,7 @@ from typing import Any
 from scrapyd_pgqueue import db, waits
 from scrapyd_pgqueue.pool import Engine
 from scrapyd_pgqueue.sql import text
-from scrapyd_pgqueue.store import enqueue, trees
+from scrapyd_pgqueue.store import enqueue, staging, trees
 from scrapyd_pgqueue.store.base import (
     ERROR,
     NO_OPTIONS,
@@ -154,7 +154,7 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
     def _enqueue(self, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
         if not rows:
             return []
-        alone = not (enqueue.staged(rows) or trees.needs_trees(rows) or _refuses_existing(rows))
+        alone = not (staging.staged(rows) or trees.needs_trees(rows) or _refuses_existing(rows))
         with (db.autocommit if alone else db.transaction)(self.engine) as connection:
             return self._store_rows(connection, project, rows)
 
@@ -164,7 +164,10 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         in_trees = trees.needs_trees(rows)
         known = trees.place_in_trees(connection, project, rows, self.tree_max_jobs) if in_trees else {}
         new = [row for index, row in enumerate(rows) if index not in known]
-        inserted = enqueue.insert_jobs(connection, project, new, first) if new else []
+        if staging.staged(new):
+            inserted = staging.copy_jobs(connection, project, new, first)
+        else:
+            inserted = enqueue.insert_jobs(connection, project, new) if new else []
         if new and not inserted:
             raise db.too_late(self.engine, "no job was stored")
         if _refuses_existing(rows):

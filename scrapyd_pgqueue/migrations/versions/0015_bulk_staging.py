@@ -1,4 +1,5 @@
-"""Bulk staging: the rows of a big batch are streamed in with COPY, then moved into spider_job by one statement.
+"""Bulk staging: the jobs with a unique key of a big batch are streamed in with COPY, then moved into spider_job by
+one statement with the key's rules (the id of each reserved beforehand, in the batch's order).
 
 Revision ID: 0015
 Revises: 0013
@@ -19,6 +20,7 @@ depends_on = None
 CREATE_STAGING = """
     CREATE UNLOGGED TABLE spider_job_staging (
         batch bigint NOT NULL DEFAULT txid_current(),
+        id bigint NOT NULL,
         n bigint NOT NULL,
         spider text NOT NULL,
         job text NOT NULL,
