@@ -30,8 +30,9 @@ STAGED_FROM_JOBS = 100
 # :count ids for a batch, in its order, and the transaction's time (its jobs' creation and, for most, due time). None
 # once the caller's time ran out (see enqueue.INSERT_BATCH).
 RESERVE_IDS = text("""
-    SELECT nextval('spider_job_id_seq') AS id, now() AS now FROM generate_series(1, :count)
+    SELECT array_agg(nextval('spider_job_id_seq') ORDER BY n) AS ids, now() AS now FROM generate_series(1, :count) AS n
     WHERE clock_timestamp() < to_timestamp(:answer_by)
+    HAVING count(*) > 0
 """)
 # Jobs without a unique key, straight into the queue; the tree trigger counts tree jobs as for an INSERT.
 COPY_JOBS = ("COPY spider_job (id, project, spider, job, version, priority, message, status, run_at, retries, "
@@ -57,16 +58,17 @@ def copy_jobs(connection, project: str, rows: list[dict[str, Any]], first: int =
     """Store ``rows`` (from ``enqueue.job_rows``) on ``connection``, in the caller's transaction, after the ``first``
     jobs the transaction stored already; say where each job went, in their order (empty: the caller's time ran out)."""
     params = insert_params(rows)
-    reserved = connection.execute(RESERVE_IDS, {"count": len(rows), "answer_by": params["answer_by"]}).all()
-    if not reserved:
+    reserved = connection.execute(RESERVE_IDS, {"count": len(rows), "answer_by": params["answer_by"]}).first()
+    if reserved is None:
         return []
-    ids, now = sorted(row.id for row in reserved), reserved[0].now
+    ids, now = reserved.ids, reserved.now
     plain = [index for index, row in enumerate(rows) if row["unique_key"] is None]
     keyed = [index for index, row in enumerate(rows) if row["unique_key"] is not None]
     enqueued: dict[int, Enqueued] = {}
     with duplicates_refused(project, [row["job"] for row in rows]):
         if plain:
-            connection.copy_in(COPY_JOBS, _lines(_queue_row(ids[i], rows[i], now) for i in plain))
+            now_text = now.isoformat()
+            connection.copy_in(COPY_JOBS, _lines(_queue_row(ids[i], rows[i], now, now_text) for i in plain))
             connection.execute(NOTIFY_JOBS, params)
             enqueued.update((i, Enqueued(ids[i], rows[i]["job"])) for i in plain)
         if keyed:
@@ -78,8 +80,8 @@ def copy_jobs(connection, project: str, rows: list[dict[str, Any]], first: int =
     return [enqueued[index] for index in range(len(rows))]
 
 
-def _queue_row(id: int, row: dict[str, Any], now: datetime.datetime) -> list:
-    """A job's columns as INSERT_BATCH would write them, in COPY_JOBS' order."""
+def _queue_row(id: int, row: dict[str, Any], now: datetime.datetime, now_text: str) -> list:
+    """A job's columns as INSERT_BATCH would write them, in COPY_JOBS' order (times as text: most are ``now``)."""
     if row["run_at"] is not None:
         due = datetime.datetime.fromtimestamp(row["run_at"], datetime.timezone.utc)
     elif row["delay"] is not None:
@@ -87,25 +89,19 @@ def _queue_row(id: int, row: dict[str, Any], now: datetime.datetime) -> list:
     else:
         due = now
     return [id, row["project"], row["spider"], row["job"], row["version"], row["priority"], row["message"],
-            "delayed" if due > now else "pending", due, row["retries"], row["retry_delay"], row["periodic"],
-            row["parent"], row["parent_id"], row["tree_id"], row["max_runtime"], row["stall_timeout"], now]
+            "delayed" if due > now else "pending", now_text if due == now else due.isoformat(), row["retries"],
+            row["retry_delay"], row["periodic"], row["parent"], row["parent_id"], row["tree_id"], row["max_runtime"],
+            row["stall_timeout"], now_text]
 
 
 def _lines(rows) -> io.BytesIO:
     """``rows`` (lists of values) in COPY's text format."""
     lines = []
     for values in rows:
-        fields = []
-        for value in values:
-            if value is None:
-                fields.append("\\N")
-            elif isinstance(value, str):
-                fields.append(_copy_text(value))
-            elif isinstance(value, datetime.datetime):
-                fields.append(value.isoformat())
-            else:
-                fields.append(repr(value) if isinstance(value, float) else str(value))
-        lines.append("\t".join(fields))
+        lines.append("\t".join(
+            "\\N" if value is None else _copy_text(value) if isinstance(value, str)
+            else repr(value) if isinstance(value, float) else str(value)
+            for value in values))
     lines.append("")
     return io.BytesIO("\n".join(lines).encode())
 
