@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psycopg2
+import psycopg2.extensions
 from psycopg2 import sql
 from sqlalchemy import make_url
 
@@ -139,6 +140,19 @@ def admin_connection(url: str) -> Iterator:
         yield connection
     finally:
         connection.close()
+
+
+@contextlib.contextmanager
+def copying_connection(url: str) -> Iterator:
+    """An autocommit connection that can COPY: psycopg2 refuses COPY while the package's wait callback (deadlines)
+    is set, so it is unset meanwhile; for a single-threaded part of a suite, no node of the bench's process running."""
+    callback = psycopg2.extensions.get_wait_callback()
+    psycopg2.extensions.set_wait_callback(None)
+    try:
+        with admin_connection(url) as connection:
+            yield connection
+    finally:
+        psycopg2.extensions.set_wait_callback(callback)
 
 
 @contextlib.contextmanager

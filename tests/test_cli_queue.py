@@ -5,6 +5,7 @@ The queue's state is made through the store, as nodes make it, in the test's own
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -14,8 +15,8 @@ import pytest
 from sqlalchemy import make_url
 
 from scrapyd_pgqueue.migrations.models import FAILED, LOST
-from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL
-from helpers import COMMAND, finish, heard, run, run_json, skewed_clock
+from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobOptions
+from helpers import COMMAND, finish, heard, query, run, run_json, skewed_clock
 
 def notifications(connection, timeout=10):
     received = heard(connection, timeout)
@@ -217,5 +218,79 @@ def test_enqueue_from_standard_input_stops_at_a_bad_line_and_says_which(database
                             input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "line 4: priority must be a finite number" in result.stderr
-    assert "2 jobs before its batch are queued" in result.stderr
-    assert [message["_job"] for message in store.list_pending("example")] == ["ok-0", "ok-1"]
+    assert "nothing was queued" in result.stderr
+    assert store.list_pending("example") == []  # the batch before the bad line too: all or none
+
+
+def test_enqueue_in_batches_keeps_unique_keys_trees_delays_priority_and_file_order(database_url, store,
+                                                                                    admin_connection, tmp_path):
+    """Batches big enough to be copied through the staging table, in one transaction: every rule of a schedule holds,
+    the values arrive exactly as written, and idle nodes are woken once."""
+    replaced = store.enqueue("example", {"name": "s", "_job": "held-r", "v": "old"},
+                             options=JobOptions(unique_key="k-replace", delay=600))
+    store.enqueue("example", {"name": "s", "_job": "held-k", "v": "old"}, options=JobOptions(unique_key="k-keep"))
+    store.enqueue("example", {"name": "s", "_job": "root"}, options=JobOptions(on_complete="report"))
+    odd = "tab\there, line\nbreak, back\\slash, \\N, quote\" and é"
+    lines = [{"spider": "s", "jobid": f"j{i:03}", "priority": i % 3, "args": {"i": str(i), "odd": odd}}
+             for i in range(300)]
+    lines[10].update(unique_key="k-replace", args={"v": "new"})
+    lines[20].update(unique_key="k-keep", on_conflict="keep", args={"v": "new"})
+    for i in range(30, 60):
+        lines[i]["delay"] = 3600
+    for i in range(200, 210):
+        lines[i]["parent"] = "root"
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    admin_connection.cursor().execute(f"LISTEN {NOTIFY_CHANNEL}")
+    assert run_json(database_url, "enqueue", "--project", "example", "--batch-size", "150", str(path))["queued"] == 300
+    assert notifications(admin_connection) == [(NOTIFY_CHANNEL, "example")]
+    rows = {row[0]: row[1:] for row in query(database_url, """
+        SELECT s.job, s.status, s.message, s.tree_id, root.tree_id FROM spider_job AS s, spider_job AS root
+        WHERE root.job = 'root'""")}
+    assert rows["held-r"][:2] == ("pending", {"v": "new", "name": "s", "_job": "held-r", "settings": {}})
+    assert rows["held-k"][1]["v"] == "old"
+    assert "j010" not in rows and "j020" not in rows
+    assert {job for job, (status, *_) in rows.items() if status == "delayed"} == {f"j{i:03}" for i in range(30, 60)}
+    assert all(rows[f"j{i:03}"][2] == rows[f"j{i:03}"][3] is not None for i in range(200, 210))
+    assert rows["j299"][1]["odd"] == odd
+    with admin_connection.cursor() as cursor:
+        cursor.execute("SELECT job FROM spider_job WHERE status = 'pending' AND job LIKE 'j%' ORDER BY priority DESC, id")
+        claim_order = [job for job, in cursor.fetchall()]
+        cursor.execute("SELECT count(*) FROM spider_job_staging")
+        assert cursor.fetchone() == (0,)
+    waiting = [line for i, line in enumerate(lines) if i not in (10, 20) and not 30 <= i < 60]
+    assert claim_order == [line["jobid"] for line in sorted(waiting, key=lambda line: -line["priority"])]
+    assert replaced.job == "held-r"
+
+
+def test_enqueue_refusing_a_held_key_in_its_second_batch_stores_nothing_and_names_the_line(database_url, store,
+                                                                                            tmp_path):
+    store.enqueue("example", {"name": "s", "_job": "held"}, options=JobOptions(unique_key="k"))
+    lines = [{"spider": "s", "jobid": f"j{i}"} for i in range(300)]
+    lines[250].update(unique_key="k", on_conflict="error")
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run(database_url, "enqueue", "--project", "example", "--batch-size", "150", str(path), expect=1)
+    assert "line 251: unique_key 'k' is held by waiting job 'held'" in result.stderr
+    assert "nothing was queued" in result.stderr
+    assert [message["_job"] for message in store.list_pending("example")] == ["held"]
+
+
+def test_a_bad_line_in_the_middle_of_a_million_stores_nothing_and_names_its_line(database_url, store):
+    """The lines are made as the command reads them (standard input): memory stays flat on both sides."""
+    bad = 500_001
+    env = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
+    env["SCRAPYD_DATABASE_URL"] = database_url
+    command = subprocess.Popen([COMMAND, "enqueue", "--project", "example", "-"], env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with contextlib.suppress(BrokenPipeError):  # the command stops reading at the bad line
+        for start in range(1, 1_000_001, 10_000):
+            command.stdin.write("".join(
+                '{"spider": "s", "priority": "high"}\n' if number == bad else
+                f'{{"spider": "s", "jobid": "j{number}", "args": {{"n": "{number}"}}}}\n'
+                for number in range(start, start + 10_000)))
+        command.stdin.close()
+    _, stderr = command.communicate(timeout=600)
+    assert command.returncode == 1
+    assert f"line {bad}: priority must be a finite number" in stderr and "nothing was queued" in stderr
+    assert store.count_pending("example") == 0

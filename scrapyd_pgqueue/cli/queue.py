@@ -215,60 +215,51 @@ def run_prune(args) -> int:
 
 
 def run_enqueue(args) -> int:
-    """Stream the file into the queue, ``--batch-size`` jobs a statement (each batch all or none), in file order.
+    """Stream the file into the queue in file order, ``--batch-size`` jobs a COPY, all in one transaction: all or none.
 
-    While the database stores one batch, the next is read and checked (a thread waits on the database), so the
-    command goes as fast as the slower of the two. A bad line stops the command there, saying which line and why,
-    and how many jobs (the lines before its batch) are queued. Spider names are not checked against the project
-    (no node is asked): schedule through a node's schedule_batch.json for that.
+    While the database stores one batch, the next is read and checked (a thread writes), so the command goes as fast
+    as the slower of the two, and holds two batches at most whatever the file's size. A bad line stops the command,
+    saying which line and why, and nothing is queued. Spider names are not checked against the project (no node is
+    asked): schedule through a node's schedule_batch.json for that.
     """
+    import queue
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
 
-    from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json
+    from scrapyd_pgqueue.store import waits
+    from scrapyd_pgqueue.store.job_requests import RefusedJob
     from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
 
+    waits.wait_without_deadlines()  # COPY; the only database thread is the writer
     store = JobStore.for_url(args.database_url)
     started = time.monotonic()
-    queued = 0
     progress = tqdm(unit=" jobs", desc="enqueued", file=sys.stderr, disable=None, mininterval=0.5)
+    handed = queue.Queue(maxsize=1)  # the batch the writer takes next
+    current = []  # the batch being stored, [(line, JobRequest)]
 
-    def store_batch(batch) -> None:
-        try:
-            store.enqueue_many(args.project, [(job.message, job.priority, job.options) for _, job in batch])
-        except (DuplicateJobError, InvalidJobError) as e:
-            index, _, reason = str(e).partition(": ")
-            line = batch[int(index.split()[-1])][0] if index.startswith("job ") else batch[0][0]
-            raise RefusedJob(f"line {line}: {reason or e}") from None
+    def taken():
+        while (item := handed.get()) is not None:
+            if isinstance(item, Exception):
+                raise item  # a bad line: every batch is rolled back
+            current[:] = item
+            yield [(job.message, job.priority, job.options) for _, job in item]
 
-    def lines():
-        for number, text in enumerate(args.file, start=1):
-            if text.strip():
-                try:
-                    yield number, job_from_json(json.loads(text))
-                except (ValueError, RefusedJob) as e:
-                    raise RefusedJob(f"line {number}: {e}") from None
-
-    storing = None  # (future, size) of the batch being stored
-    batch = []
     with ThreadPoolExecutor(1) as writer:
+        storing = writer.submit(store.enqueue_batches, args.project, taken(), progress.update)
         try:
-            for item in lines():
-                batch.append(item)
-                if len(batch) >= args.batch_size:
-                    queued += _stored(storing, progress)
-                    storing, batch = (writer.submit(store_batch, batch), len(batch)), []
-            queued += _stored(storing, progress)
-            storing = None
-            if batch:
-                queued += _stored((writer.submit(store_batch, batch), len(batch)), progress)
+            for batch in _checked_batches(args.file, args.batch_size):
+                if not _hand_over(handed, batch, storing):
+                    break  # the writer failed: its error is the answer
+            _hand_over(handed, None, storing)
         except RefusedJob as e:
+            _hand_over(handed, e, storing)
+        try:
+            queued = storing.result()
+        except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
             progress.close()
-            if storing is not None:
-                queued += _stored(storing, progress, failed_ok=True)
-            return fail(f"{e}; {queued} jobs before its batch are queued")
+            return fail(f"{_on_its_line(e, current)}; nothing was queued")
     progress.close()
     seconds = time.monotonic() - started
     result = {"project": args.project, "queued": queued, "seconds": round(seconds, 3)}
@@ -279,16 +270,40 @@ def run_enqueue(args) -> int:
     return 0
 
 
-def _stored(storing, progress, failed_ok: bool = False) -> int:
-    """Wait for a batch being stored; how many jobs it stored (its error is raised, or 0 with ``failed_ok``)."""
-    if storing is None:
-        return 0
-    future, size = storing
-    try:
-        future.result()
-    except Exception:
-        if failed_ok:
-            return 0
-        raise
-    progress.update(size)
-    return size
+def _checked_batches(file, size: int):
+    """The file's jobs, checked, in lists of ``size`` (line number, JobRequest); RefusedJob naming a bad line."""
+    from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, parse_json
+
+    batch = []
+    for number, text in enumerate(file, start=1):
+        if text.strip():
+            try:
+                batch.append((number, job_from_json(parse_json(text))))
+            except (ValueError, RefusedJob) as e:
+                raise RefusedJob(f"line {number}: {e}") from None
+            if len(batch) >= size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def _hand_over(handed, item, storing) -> bool:
+    """Give the writer ``item`` once it takes it; False when the writer has stopped (it failed)."""
+    import queue
+
+    while not storing.done():
+        try:
+            handed.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _on_its_line(error: Exception, batch: list) -> str:
+    """A store's error naming a job's index in its batch ("job 3: ..."), as the line of that job."""
+    index, _, reason = str(error).partition(": ")
+    if not index.startswith("job ") or not batch:
+        return str(error)
+    return f"line {batch[int(index.split()[-1])][0]}: {reason}"

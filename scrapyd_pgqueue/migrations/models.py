@@ -310,3 +310,32 @@ class WebhookEvent(Base):
     attempts: Mapped[int] = mapped_column(server_default=text("0"))
     claimed_by: Mapped[str | None] = mapped_column(Text)  # the worker that holds its lease
     last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class SpiderJobStaging(Base):
+    """A big batch of new jobs on its way into spider_job (migration 0015): COPY streams the rows in, and the same
+    transaction moves them to spider_job (store/enqueue.py, MOVE_STAGED_JOBS), keyed by its transaction's id. The table
+    has no primary key (the index on batch and n is not unique); the mapper needs one named."""
+
+    __tablename__ = "spider_job_staging"
+    __table_args__ = (Index("spider_job_staging_batch_idx", "batch", "n"), {"prefixes": ["UNLOGGED"]})
+
+    batch: Mapped[int] = mapped_column(BigInteger, server_default=text("txid_current()"), primary_key=True)
+    id: Mapped[int] = mapped_column(BigInteger)  # reserved for the job in its batch's order (spider_job.id)
+    n: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # the job's place in its transaction
+    spider: Mapped[str] = mapped_column(Text)
+    job: Mapped[str] = mapped_column(Text)
+    version: Mapped[str | None] = mapped_column(Text)
+    priority: Mapped[float]
+    message: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    run_at_epoch: Mapped[float | None]
+    delay: Mapped[float | None]
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    retries: Mapped[int]
+    retry_delay: Mapped[float]
+    periodic: Mapped[str | None] = mapped_column(Text)
+    parent: Mapped[str | None] = mapped_column(Text)
+    parent_id: Mapped[int | None] = mapped_column(BigInteger)
+    tree_id: Mapped[int | None] = mapped_column(BigInteger)
+    max_runtime: Mapped[float | None]
+    stall_timeout: Mapped[float | None]

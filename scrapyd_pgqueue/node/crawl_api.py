@@ -130,8 +130,10 @@ class CrawlApi(resource.Resource):
 
     @staticmethod
     def _jobs(request) -> list:
+        from scrapyd_pgqueue.store.job_requests import parse_json
+
         try:
-            body = json.loads(request.content.read())
+            body = parse_json(request.content.read())
         except (ValueError, UnicodeDecodeError) as e:
             raise Refused(400, f"the body must be a JSON object: {e}") from None
         if not isinstance(body, dict) or not isinstance(body.get(JOBS), list):

@@ -33,6 +33,7 @@ from scrapyd_pgqueue.store.job_requests import (
     RefusedJob,
     check_form,
     job_from_json,
+    parse_json,
     options_from_fields,
 )
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
@@ -362,7 +363,7 @@ class ScheduleBatch(DatabaseService):
         if content_type != b"application/json":
             raise refuse("the body must be sent as Content-Type: application/json")
         try:
-            body = json.loads(txrequest.content.read())
+            body = parse_json(txrequest.content.read())
         except (ValueError, UnicodeDecodeError) as e:
             raise refuse(f"the body must be a JSON object: {e}") from None
         if not isinstance(body, dict) or not isinstance(body.get("jobs"), list) or not body["jobs"]:

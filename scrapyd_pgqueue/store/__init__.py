@@ -1,7 +1,8 @@
 """Every queue operation, each one short statement; all of the package's SQL lives here.
 
 No Twisted and no Scrapyd imports: the store is used by the Scrapyd adapters, the operator command and the
-benchmark alike. Every method runs in its own short transaction; none is held while a crawl runs.
+benchmark alike. Every method runs in its own short transaction (the enqueue command's stream aside: its whole
+input is one); none is held while a crawl runs.
 
 Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it (the
 claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor); only ``scrapyd_pgqueue.store.db``
@@ -13,6 +14,8 @@ One module per concern:
 - ``base``: what the others share: channels, limits, errors, shared rows, the operations' helpers.
 - ``queue``: enqueue (delayed, unique), claim (due jobs, per-spider limits), waiting jobs, notify (``JobStore``).
 - ``enqueue``: the rules of a job's columns and the one statement that stores a batch (delayed, unique, tree jobs).
+- ``staging``: big batches by COPY (the enqueue command): straight into spider_job, or through the staging table for
+  jobs with a unique key, ids reserved in the batch's order.
 - ``finishing``: start, finish or retry, prune, terminated jobs (``JobEnds``, in ``JobStore``).
 - ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
 - ``trees``: crawl trees: children placed in their parent's tree, tree-scoped keys, the tree's view and cancel

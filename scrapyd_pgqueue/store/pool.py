@@ -193,12 +193,22 @@ class Connection:
         count_statement(writes=True)
         return self._send(STATEMENT_PREFIX + statement, params, statement)
 
-    def _send(self, sent: str, params, shown: str, named: bool = False) -> Result:
+    def copy_in(self, statement: str, data) -> None:
+        """``COPY ... FROM STDIN`` streaming the file object ``data``, after the timeouts for the rest of the
+        transaction this must be in (COPY takes no other statement in its query string)."""
+        self.exec_driver_sql("SELECT 1")
+        count_statement(writes=True)
+        self._send(statement, None, statement, copied=data)
+
+    def _send(self, sent: str, params, shown: str, named: bool = False, copied=None) -> Result:
         for listener in self.engine.statement_listeners:
             listener(sent)
         connection = self.driver_connection
         try:
             with connection.cursor() as cursor:
+                if copied is not None:
+                    cursor.copy_expert(sent, copied)
+                    return Result([], cursor.rowcount, ())
                 cursor.execute(sent, params)
                 if cursor.description is None:
                     return Result([], cursor.rowcount, ())

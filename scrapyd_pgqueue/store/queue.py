@@ -5,14 +5,15 @@ jobs, notify; ``JobStore``, which also holds how jobs end (``finishing.JobEnds``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store import db, waits
 from scrapyd_pgqueue.store.pool import Engine
 from scrapyd_pgqueue.store.sql import text
-from scrapyd_pgqueue.store import enqueue, trees
+from scrapyd_pgqueue.store import enqueue, staging, trees
 from scrapyd_pgqueue.store.base import (
     ERROR,
     NO_OPTIONS,
@@ -131,22 +132,48 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         with db.autocommit(self.engine) as connection:
             return [row.job for row in connection.execute(trees.PARENTS_OUTSIDE_TREE, params)]
 
+    def enqueue_batches(self, project: str, batches: Iterable[list], stored: Callable[[int], None]) -> int:
+        """Add every batch of ``batches`` (lists of (message, priority[, options]), read as they come: a stream of
+        any length) in one transaction, all or none; ``stored(n)`` after each batch of n jobs. How many jobs.
+
+        An error of a batch (InvalidJobError, DuplicateJobError naming the job's index in its batch), or one raised
+        by ``batches`` itself (a bad line after them), rolls every batch back. Not retried: ``batches`` is read once.
+        """
+        total = 0
+        # The transaction lasts as long as the stream; each batch has the time of one operation.
+        with db.operation(self.engine, math.inf), db.transaction(self.engine) as connection:
+            for jobs in batches:
+                with waits.deadline(self.engine.timeout):
+                    rows = enqueue.job_rows(project, jobs, numbered=True)
+                    if rows:
+                        self._store_rows(connection, project, rows, first=total)
+                total += len(rows)
+                stored(len(rows))
+        return total
+
     def _enqueue(self, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
         if not rows:
             return []
-        refuse_existing = any(row["on_conflict"] == ERROR for row in rows if row["unique_key"])
+        alone = not (staging.staged(rows) or trees.needs_trees(rows) or _refuses_existing(rows))
+        with (db.autocommit if alone else db.transaction)(self.engine) as connection:
+            return self._store_rows(connection, project, rows)
+
+    def _store_rows(self, connection, project: str, rows: list[dict[str, Any]], first: int = 0) -> list[Enqueued]:
+        """Store ``rows`` on ``connection`` (in a transaction unless a single statement does it all), after the
+        ``first`` jobs the transaction stored already."""
         in_trees = trees.needs_trees(rows)
-        connect = db.transaction if refuse_existing or in_trees else db.autocommit
-        with connect(self.engine) as connection:
-            known = trees.place_in_trees(connection, project, rows, self.tree_max_jobs) if in_trees else {}
-            new = [row for index, row in enumerate(rows) if index not in known]
+        known = trees.place_in_trees(connection, project, rows, self.tree_max_jobs) if in_trees else {}
+        new = [row for index, row in enumerate(rows) if index not in known]
+        if staging.staged(new):
+            inserted = staging.copy_jobs(connection, project, new, first)
+        else:
             inserted = enqueue.insert_jobs(connection, project, new) if new else []
-            if new and not inserted:
-                raise db.too_late(self.engine, "no job was stored")
-            if refuse_existing:
-                enqueue.refuse_existing_keys(new, inserted)  # rolls the batch back
-            if in_trees:
-                trees.start_trees(connection, new, inserted)
+        if new and not inserted:
+            raise db.too_late(self.engine, "no job was stored")
+        if _refuses_existing(rows):
+            enqueue.refuse_existing_keys(new, inserted)  # rolls the batch back
+        if in_trees:
+            trees.start_trees(connection, new, inserted)
         placed = iter(inserted)
         return [known[index] if index in known else next(placed) for index in range(len(rows))]
 
@@ -204,6 +231,11 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         with db.autocommit(self.engine) as connection:
             return connection.execute(CLEAR_PENDING, {"project": project}).rowcount
 
+
+
+def _refuses_existing(rows: list[dict[str, Any]]) -> bool:
+    """Whether a job refuses a unique key already held (checked after the insert, which the refusal rolls back)."""
+    return any(row["on_conflict"] == ERROR for row in rows if row["unique_key"])
 
 
 def notify_through_pool(settings):

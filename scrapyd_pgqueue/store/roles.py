@@ -30,6 +30,8 @@ ROW_RIGHTS = "SELECT, INSERT, UPDATE, DELETE"
 # database), and the node role's rights on each: the only objects grant gives rights on.
 NODE_TABLES = {
     "spider_job": ROW_RIGHTS,
+    # A big batch is copied in, then moved to spider_job and deleted, in one transaction; never updated.
+    "spider_job_staging": "SELECT, INSERT, DELETE",
     "spider_job_maintenance": ROW_RIGHTS,
     "job_log": ROW_RIGHTS,
     "periodic_job": ROW_RIGHTS,

@@ -10,7 +10,6 @@ each one is due is ``timing``'s pure functions.
 from __future__ import annotations
 
 import datetime
-import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +19,11 @@ from scrapyd_pgqueue.store.sql import IntegrityError, text
 from scrapyd_pgqueue.store import enqueue
 from scrapyd_pgqueue.store.base import (
     NOTIFY_CHANNEL,
+    InvalidJobError,
     JobOptions,
     StorePerEngine,
     check_name,
+    check_priority,
     database_errors,
     encode_message,
     read_rows,
@@ -364,9 +365,10 @@ def _periodic_params(job: PeriodicJob) -> dict[str, Any]:
     check_timing(job.timing)
     if job.overlap not in OVERLAP:
         raise InvalidScheduleError(f"overlap must be one of {', '.join(OVERLAP)}, not {job.overlap!r}")
-    priority = job.priority
-    if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not math.isfinite(priority):
-        raise InvalidScheduleError(f"priority must be a finite number, not {priority!r}")
+    try:
+        priority = check_priority(job.priority)
+    except InvalidJobError as e:
+        raise InvalidScheduleError(str(e)) from None
     args, settings = job.args or {}, job.settings or {}
     for what, values in (("argument", args), ("setting", settings)):
         if not all(isinstance(key, str) and isinstance(value, str) for key, value in values.items()):
@@ -378,7 +380,7 @@ def _periodic_params(job: PeriodicJob) -> dict[str, Any]:
     return {
         "name": _name("name", job.name), "project": _name("project", job.project),
         "spider": _name("spider", job.spider), "cron": job.timing.cron, "timezone": job.timing.timezone,
-        "every_seconds": job.timing.every_seconds, "priority": float(priority), "args": encoded[0],
+        "every_seconds": job.timing.every_seconds, "priority": priority, "args": encoded[0],
         "settings": encoded[1], "overlap": job.overlap, "max_runtime": job.max_runtime,
         "stall_timeout": job.stall_timeout, "channel": PERIODIC_CHANNEL,
     }

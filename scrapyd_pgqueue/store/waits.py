@@ -91,6 +91,17 @@ def _wait_for_socket(connection) -> None:
 
 psycopg2.extensions.set_wait_callback(_wait_for_socket)
 
+
+def copy_allowed() -> bool:
+    """Whether this process's connections can COPY: psycopg2 refuses COPY while a wait callback is set."""
+    return psycopg2.extensions.get_wait_callback() is None
+
+
+def wait_without_deadlines() -> None:
+    """Let this process COPY, for a process whose only database thread is a command's writer (``enqueue``): its
+    waits are then bounded by the connections' TCP timeouts (``pool.TCP_SETTINGS``) instead of thread deadlines."""
+    psycopg2.extensions.set_wait_callback(None)
+
 def describe(url: str | DatabaseAddress) -> str:
     """Where the database is, for messages: host, port and name, no password."""
     try:
