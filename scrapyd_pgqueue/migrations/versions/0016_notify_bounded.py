@@ -7,7 +7,7 @@ Revises: 0013
 from alembic import op
 
 revision = "0016"
-down_revision = "0013"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
