@@ -241,9 +241,10 @@ def test_enqueue_in_batches_keeps_unique_keys_trees_delays_priority_and_file_ord
         lines[i]["parent"] = "root"
     path = tmp_path / "jobs.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    store.register_node(worker="w1", name="n1", url=None, max_proc=2)  # an idle node, which wants work
     admin_connection.cursor().execute(f"LISTEN {NOTIFY_CHANNEL}")
     assert run_json(database_url, "enqueue", "--project", "example", "--batch-size", "150", str(path))["queued"] == 300
-    assert notifications(admin_connection) == [(NOTIFY_CHANNEL, "example")]
+    assert notifications(admin_connection) == [(NOTIFY_CHANNEL, "")]
     rows = {row[0]: row[1:] for row in query(database_url, """
         SELECT s.job, s.status, s.message, s.tree_id, root.tree_id FROM spider_job AS s, spider_job AS root
         WHERE root.job = 'root'""")}
