@@ -57,6 +57,8 @@ def add_commands(commands, database_url_argument) -> None:
                               '"settings": {...}, "version": ...} a line; - for standard input')
     enqueue.add_argument("--project", required=True, help="the project of every job")
     enqueue.add_argument("--batch-size", type=int, default=5000, help="jobs stored per statement (default 5000)")
+    enqueue.add_argument("--tags", metavar="TAG,TAG",
+                         help="the _tags of every job without its own \"tags\" (default: each spider's route)")
 
     prune = command("prune", run_prune, "delete finished jobs (and their stored logs)")
     prune.add_argument("--keep", type=int, help="keep only the newest N finished jobs")
@@ -247,7 +249,10 @@ def run_enqueue(args) -> int:
         for number, text in enumerate(args.file, start=1):
             if text.strip():
                 try:
-                    yield number, job_from_json(json.loads(text))
+                    job = json.loads(text)
+                    if args.tags is not None and isinstance(job, dict):
+                        job.setdefault("tags", args.tags)
+                    yield number, job_from_json(job)
                 except (ValueError, RefusedJob) as e:
                     raise RefusedJob(f"line {number}: {e}") from None
 

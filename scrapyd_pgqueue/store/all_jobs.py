@@ -23,7 +23,7 @@ from scrapyd_pgqueue.store.base import (
     read_rows,
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
-from scrapyd_pgqueue.store.pools import pool_tags
+from scrapyd_pgqueue.store.pools import UNROUTABLE_POOLS_SQL, pool_tags
 from scrapyd_pgqueue.store.trees import TreeQueries
 from scrapyd_pgqueue.store.webhooks import job_events
 
@@ -96,6 +96,7 @@ class ClusterCounts:
     delayed: int = 0  # waiting for their time (capped like pending)
     past_due: int = 0  # pending for longer than past_due_seconds since due (capped like pending)
     dead: int = 0  # out of retries, kept until requeued
+    unroutable: int = 0  # pending, requiring tags no live node has all of (capped like pending, per tag set)
 
 
 def cancel_signal(value: str) -> str:
@@ -190,8 +191,9 @@ FINISHED_JOBS = text(f"""
 # a range of spider_job_pending_due_idx) are counted up to :cap only (an exact count of a huge backlog is a scan
 # costing tens of milliseconds per request), with the planner's estimate of the pending index's size for beyond;
 # running and finished jobs are few (process slots; pruned to finished_to_keep); live nodes are those not stopped
-# whose heartbeat is within :lease_seconds (database clock).
-CLUSTER_COUNTS = text("""
+# whose heartbeat is within :lease_seconds (database clock); unroutable jobs are the pending ones of the pools no live
+# node can run (store/pools.py: one probe per pending pool).
+CLUSTER_COUNTS = text(f"""
     SELECT (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'pending' LIMIT :cap) AS capped)
                AS pending_counted,
            (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'delayed' LIMIT :cap) AS capped)
@@ -205,7 +207,8 @@ CLUSTER_COUNTS = text("""
            (SELECT count(*) FROM spider_job WHERE status = 'ongoing') AS running,
            (SELECT count(*) FROM spider_job WHERE status = 'terminated') AS finished,
            (SELECT count(*) FROM scrapyd_node
-            WHERE stopped_time IS NULL AND heartbeat_time > now() - make_interval(secs => :lease_seconds)) AS nodes
+            WHERE stopped_time IS NULL AND heartbeat_time > now() - make_interval(secs => :lease_seconds)) AS nodes,
+           (SELECT coalesce(sum(unroutable.jobs), 0) FROM ({UNROUTABLE_POOLS_SQL}) AS unroutable) AS unroutable
 """)
 
 # Cancel a waiting (pending or delayed) job: terminated as 'cancelled' (end at the cancel), so it never starts (nor
@@ -322,7 +325,8 @@ class AllJobsStore(StorePerEngine, OperatorQueries, TreeQueries):
         exact = row.pending_counted < PENDING_COUNT_CAP
         pending = row.pending_counted if exact else max(PENDING_COUNT_CAP, int(row.pending_estimate or 0))
         return ClusterCounts(
-            pending, exact, row.running, row.finished, row.nodes, row.delayed, row.past_due, row.dead
+            pending, exact, row.running, row.finished, row.nodes, row.delayed, row.past_due, row.dead,
+            int(row.unroutable),
         )
 
     @database_errors

@@ -40,7 +40,7 @@ LIST_ROUTES = text("""
 # The pending pools that no live node can run (no live node has all of their tags), each with its pending jobs
 # counted up to :cap: the pools come from a skip scan of spider_job_pending_idx (spider_job_pending_pools), each
 # count from that pool's range of the same index. Live nodes: not stopped, heartbeat within :lease_seconds.
-UNROUTABLE_POOLS = text("""
+UNROUTABLE_POOLS_SQL = """
     SELECT pending.pool,
            (SELECT count(*) FROM (SELECT 1 FROM spider_job AS j
                                   WHERE j.status = 'pending' AND j.pool = pending.pool LIMIT :cap) AS capped) AS jobs
@@ -50,7 +50,15 @@ UNROUTABLE_POOLS = text("""
         WHERE n.stopped_time IS NULL AND n.heartbeat_time > now() - make_interval(secs => :lease_seconds)
           AND string_to_array(pending.pool, ',') <@ n.tags
     )
-    ORDER BY pending.pool
+"""
+UNROUTABLE_POOLS = text(UNROUTABLE_POOLS_SQL + " ORDER BY pending.pool")
+
+# The tags the newest row of job id :job (in :project, all projects when NULL) requires; reads spider_job_job_idx.
+JOB_POOL = text("""
+    SELECT pool FROM spider_job
+    WHERE job = :job AND (CAST(:project AS text) IS NULL OR project = :project)
+    ORDER BY id DESC
+    LIMIT 1
 """)
 
 # --- tags ------------------------------------------------------------------------------------------------------
@@ -126,6 +134,13 @@ class PoolStore(StorePerEngine):
         with db.autocommit(self.engine) as connection:
             rows = connection.execute(LIST_ROUTES, {"project": project})
             return [Route(row.project, row.spider, pool_tags(row.pool)) for row in rows]
+
+    @database_errors
+    def required_tags(self, job: str, project: str | None = None) -> list[str] | None:
+        """The tags the newest run of ``job`` requires; None when unknown."""
+        with db.autocommit(self.engine) as connection:
+            pool = connection.execute(JOB_POOL, {"job": job, "project": project}).scalar()
+        return None if pool is None else pool_tags(pool)
 
     @database_errors
     def unroutable(self, lease_seconds: float, cap: int) -> list[UnroutablePool]:
