@@ -96,7 +96,9 @@ def test_jobs_run_only_on_nodes_with_their_tags(database, start_cluster, tmp_pat
     assert "unroutable" in page and gpu_job in page
     metrics = requests.get(f"{plain_node.url}metrics", timeout=30).text
     assert 'scrapyd_pgqueue_unroutable_jobs{tags="gpu"} 1.0' in metrics, metrics
-    assert f'node="{BROWSER_NODE}"' not in metrics or 'tags="browser"' in metrics
+    assert f'scrapyd_pgqueue_node_info{{node="{plain_node.name}",tags=""}} 1.0' in metrics
+    browser_metrics = requests.get(f"{cluster.nodes[0].url}metrics", timeout=30).text
+    assert f'scrapyd_pgqueue_node_slots{{node="{BROWSER_NODE}",tags="browser"}} 2.0' in browser_metrics
 
     [gpu_node] = start_cluster(url, 1, name_prefix="gpu", node_tags="gpu", **NODE_CONFIG).nodes
     [run] = wait_for_runs(tmp_path, [gpu_job], timeout=60)[gpu_job]

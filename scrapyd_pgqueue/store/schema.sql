@@ -154,20 +154,26 @@ AS $function$
             -- parameters). Without tags: the head of pool '' in spider_job_pending_idx (all projects) or
             -- spider_job_pending_project_idx (one project; several projects: spider_job_pending_idx from its head,
             -- other projects' jobs passed over). With tags: the head of each of its pools, each an index range of
-            -- its own (at most the free slots from each, locked with SKIP LOCKED), merged by priority: priority and
-            -- FIFO order hold across the pools, and no job the node cannot run is ever read. The rows of a pool's
-            -- head beyond the slots are locked for this call only.
+            -- its own (the free slots and 32 more from each, unlocked), merged by priority, then locked in that
+            -- order with SKIP LOCKED until the free slots are filled (LockRows under LIMIT: no row beyond them is
+            -- locked, so no other claimer passes over a job this one does not take). Priority and FIFO order hold
+            -- across the pools, and no job the node cannot run is ever read. c.status = 'pending' is rechecked on
+            -- a row another claimer changed since this statement's snapshot: a job claimed meanwhile is skipped.
+            -- The 32 cover the rows concurrent claimers hold at the head of a pool; with more, a claim may come
+            -- back short, and the next one (a tick, a NOTIFY) takes the rest.
             v_next := CASE WHEN NOT v_tagged THEN format($next$
                 SELECT id, priority FROM spider_job AS j WHERE status = 'pending' AND pool = '' AND %1$s %2$s
                 ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED
                 $next$, v_projects, v_unlimited)
             ELSE format($next$
-                SELECT head.id, head.priority FROM unnest($5) AS runnable(pool), LATERAL (
-                    SELECT id, priority FROM spider_job AS j
-                    WHERE status = 'pending' AND j.pool = runnable.pool AND %1$s %2$s
-                    ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED
-                ) AS head
-                ORDER BY head.priority DESC, head.id LIMIT $2
+                SELECT c.id, c.priority FROM spider_job AS c
+                WHERE c.status = 'pending' AND c.id = ANY(ARRAY(
+                    SELECT head.id FROM unnest($5) AS runnable(pool), LATERAL (
+                        SELECT id FROM spider_job AS j
+                        WHERE status = 'pending' AND j.pool = runnable.pool AND %1$s %2$s
+                        ORDER BY priority DESC, id LIMIT $2 + 32
+                    ) AS head))
+                ORDER BY c.priority DESC, c.id LIMIT $2 FOR UPDATE OF c SKIP LOCKED
                 $next$, v_projects, v_unlimited) END;
             -- Some spider has a limit (spider_limit): that spider is filled by one claimer at a time, the one that
             -- locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no head-of-line

@@ -136,12 +136,14 @@ CLAIM_FUNCTION = """
                 ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED
                 $next$, v_projects, v_unlimited)
             ELSE format($next$
-                SELECT head.id, head.priority FROM unnest($5) AS runnable(pool), LATERAL (
-                    SELECT id, priority FROM spider_job AS j
-                    WHERE status = 'pending' AND j.pool = runnable.pool AND %1$s %2$s
-                    ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED
-                ) AS head
-                ORDER BY head.priority DESC, head.id LIMIT $2
+                SELECT c.id, c.priority FROM spider_job AS c
+                WHERE c.status = 'pending' AND c.id = ANY(ARRAY(
+                    SELECT head.id FROM unnest($5) AS runnable(pool), LATERAL (
+                        SELECT id FROM spider_job AS j
+                        WHERE status = 'pending' AND j.pool = runnable.pool AND %1$s %2$s
+                        ORDER BY priority DESC, id LIMIT $2 + 32
+                    ) AS head))
+                ORDER BY c.priority DESC, c.id LIMIT $2 FOR UPDATE OF c SKIP LOCKED
                 $next$, v_projects, v_unlimited) END;
             IF v_limited THEN
                 RETURN QUERY EXECUTE format($claim$
