@@ -94,6 +94,8 @@ def test_jobs_run_only_on_nodes_with_their_tags(database, start_cluster, tmp_pat
     assert (status["unroutable"], status["cluster"]["unroutable"]) == (1, 1)
     page = requests.get(f"{plain_node.url}jobs", timeout=30).text
     assert "unroutable" in page and gpu_job in page
+    dashboard = requests.get(f"{plain_node.url}dashboard", timeout=30).text
+    assert '<b id="unroutable-total">1</b>' in dashboard and "<td>browser</td>" in dashboard  # node1's tags
     metrics = requests.get(f"{plain_node.url}metrics", timeout=30).text
     assert 'scrapyd_pgqueue_unroutable_jobs{tags="gpu"} 1.0' in metrics, metrics
     assert f'scrapyd_pgqueue_node_info{{node="{plain_node.name}",tags=""}} 1.0' in metrics

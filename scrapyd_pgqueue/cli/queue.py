@@ -78,6 +78,8 @@ def duration(text: str) -> datetime.timedelta:
 
 def run_status(args) -> int:
     from scrapyd_pgqueue import db
+    from scrapyd_pgqueue.store import PENDING_COUNT_CAP
+    from scrapyd_pgqueue.store.pools import PoolStore
 
     store = all_jobs_store(args)
     pending = store.pending_by_spider()
@@ -88,6 +90,7 @@ def run_status(args) -> int:
     outcomes = store.outcome_counts()
     troubled = store.troubled_jobs(TROUBLED_SHOWN)
     recovered = store.recovered_jobs(TROUBLED_SHOWN)
+    unroutable = PoolStore.for_engine(store.engine).unroutable(args.lease_seconds, PENDING_COUNT_CAP)
     if args.json:
         print_json({
             "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
@@ -97,6 +100,7 @@ def run_status(args) -> int:
             "finished": {"total": sum(outcomes.values()), "by_outcome": outcomes},
             "troubled": troubled,
             "recovered": recovered,
+            "unroutable": unroutable,
         })
         return 0
 
@@ -116,8 +120,12 @@ def run_status(args) -> int:
                     [(j.node, j.project, j.spider, j.job, j.pid, when(j.start_time)) for j in running]))
     print(f"\nNodes: {sum(node.state == 'live' for node in nodes)} live")
     if nodes:
-        print(table(["NODE", "STATE", "RUNNING", "MAX_PROC", "LAST HEARTBEAT", "URL"],
-                    [(n.name, n.state, n.running, n.max_proc, f"{n.heartbeat_age:.1f}s ago", n.url) for n in nodes]))
+        print(table(["NODE", "STATE", "RUNNING", "MAX_PROC", "LAST HEARTBEAT", "URL", "TAGS"],
+                    [(n.name, n.state, n.running, n.max_proc, f"{n.heartbeat_age:.1f}s ago", n.url, ",".join(n.tags))
+                     for n in nodes]))
+    if unroutable:
+        print(f"\nUnroutable (pending, requiring tags no live node has): {sum(pool.jobs for pool in unroutable)}")
+        print(table(["TAGS", "PENDING"], [(",".join(pool.tags), pool.jobs) for pool in unroutable]))
     by_outcome = ", ".join(f"{outcome} {count}" for outcome, count in outcomes.items())
     print(f"\nFinished (kept): {sum(outcomes.values())}{f' ({by_outcome})' if by_outcome else ''}")
     if troubled:
