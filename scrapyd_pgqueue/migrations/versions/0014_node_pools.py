@@ -17,6 +17,30 @@ depends_on = None
 
 _VERSIONS = Path(__file__).parent
 OLD_CLAIM_FUNCTION = runpy.run_path(str(_VERSIONS / "0009_claim_hot_path.py"))["CLAIM_FUNCTION"]
+
+
+def _between(start: str, end: str) -> str:
+    return OLD_CLAIM_FUNCTION[OLD_CLAIM_FUNCTION.index(start):OLD_CLAIM_FUNCTION.index(end)]
+
+
+# 0009's steps this claim keeps: the one-project statement (now of pool '' only: the jobs a node without tags may
+# run, read by an equality on the pending indexes' first column), and the promotion of due delayed jobs, unchanged.
+HOT_PATH = _between("        IF v_hot THEN\n", "        FOR v_round IN 1..2 LOOP\n").replace(
+    "                  WHERE n.status = 'pending' AND n.project >= p_projects[1] AND n.project <= p_projects[1]\n",
+    "                  WHERE n.status = 'pending' AND n.pool = ''\n"
+    "                    AND n.project >= p_projects[1] AND n.project <= p_projects[1]\n",
+).replace("ORDER BY n.project, n.priority DESC, n.id LIMIT p_limit",
+          "ORDER BY n.pool, n.project, n.priority DESC, n.id LIMIT p_limit")
+DUE_LOOP = _between("        FOR v_round IN 1..2 LOOP\n", "        IF p_limit > v_claimed AND v_limited THEN")
+# And 0009's claim of limited spiders, but for the jobs this node may run: the other spiders' next jobs are this
+# claim's (%2$s, per pool), and a limited spider's passes over the pools this node may not claim from.
+_UNLIMITED_JOBS = _between("                    SELECT id, priority FROM spider_job AS j\n",
+                           "                ), limited_jobs AS (")
+LIMITED_CLAIM = _between("                WITH limits AS MATERIALIZED (", "            $claim$, v_projects)").replace(
+    _UNLIMITED_JOBS, "                    %2$s\n").replace(
+    "                        WHERE status = 'pending' AND project = room.project AND spider = room.spider\n",
+    "                        WHERE status = 'pending' AND project = room.project AND spider = room.spider\n"
+    "                          AND pool = ANY($5)\n")
 _WANTED_NODES = runpy.run_path(str(_VERSIONS / "0008_wanted_nodes.py"))["WANTED_NODES_FUNCTION"]
 OLD_CLAIM_SIGNATURE = "claim_spider_jobs(text[], integer, text, text, text)"
 CLAIM_SIGNATURE = "claim_spider_jobs(text[], integer, text, text, text, text[])"
@@ -68,59 +92,7 @@ CLAIM_FUNCTION = """
         v_unlimited text := '';
         v_next text;
     BEGIN
-        IF v_hot THEN
-            RETURN QUERY
-            UPDATE spider_job AS j
-            SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
-            WHERE j.id = ANY(ARRAY(
-                  SELECT n.id FROM spider_job AS n
-                  WHERE n.status = 'pending' AND n.pool = ''
-                    AND n.project >= p_projects[1] AND n.project <= p_projects[1]
-                    AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = p_projects[1])
-                    AND NOT EXISTS (SELECT FROM spider_job AS d
-                                    WHERE d.status = 'delayed' AND d.project = p_projects[1] AND d.run_at <= now())
-                  ORDER BY n.pool, n.project, n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
-            RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                      CAST(extract(epoch FROM now() - j.run_at) AS double precision), 0::bigint,
-                      CAST(extract(epoch FROM (
-                          SELECT d.run_at FROM spider_job AS d WHERE d.status = 'delayed' AND d.project = p_projects[1]
-                          ORDER BY d.run_at LIMIT 1) - now()) AS double precision);
-            GET DIAGNOSTICS v_claimed = ROW_COUNT;
-            IF v_claimed = p_limit THEN
-                RETURN;
-            END IF;
-        END IF;
-
-        FOR v_round IN 1..2 LOOP
-            SELECT CASE WHEN p_projects IS NULL THEN (
-                       SELECT min(d.run_at) FROM spider_job AS d WHERE d.status = 'delayed'
-                   ) ELSE (
-                       SELECT min(due.run_at) FROM unnest(p_projects) AS wanted(project), LATERAL (
-                           SELECT d.run_at FROM spider_job AS d
-                           WHERE d.status = 'delayed' AND d.project = wanted.project
-                           ORDER BY d.run_at LIMIT 1
-                       ) AS due
-                   ) END,
-                   EXISTS (SELECT FROM spider_limit AS l WHERE p_projects IS NULL OR l.project = ANY(p_projects))
-            INTO v_next_due, v_limited;
-            EXIT WHEN v_round = 2 OR v_next_due IS NULL OR v_next_due > now();
-            WITH promoted AS (
-                UPDATE spider_job AS j SET status = 'pending'
-                WHERE j.id = ANY(ARRAY(
-                    SELECT d.id FROM spider_job AS d
-                    WHERE d.status = 'delayed' AND d.run_at <= now()
-                      AND (p_projects IS NULL OR d.project = ANY(p_projects))
-                    ORDER BY d.run_at
-                    LIMIT 1000
-                    FOR UPDATE SKIP LOCKED))
-                RETURNING j.project
-            ), woken AS (
-                SELECT count(*) AS jobs, pg_notify(p_channel, promoted.project) FROM promoted GROUP BY promoted.project
-            )
-            SELECT coalesce(sum(woken.jobs), 0) INTO v_promoted FROM woken;
-        END LOOP;
-
-        IF p_limit <= v_claimed OR NOT (v_limited OR v_promoted > 0 OR NOT v_hot) THEN
+{hot_path}{due_loop}        IF p_limit <= v_claimed OR NOT (v_limited OR v_promoted > 0 OR NOT v_hot) THEN
             NULL;
         ELSE
             IF v_tagged THEN
@@ -147,34 +119,7 @@ CLAIM_FUNCTION = """
                 $next$, v_projects, v_unlimited) END;
             IF v_limited THEN
                 RETURN QUERY EXECUTE format($claim$
-                    WITH limits AS MATERIALIZED (
-                        SELECT project, spider, max_running FROM spider_limit WHERE %1$s
-                        FOR UPDATE SKIP LOCKED
-                    ), room AS (
-                        SELECT project, spider, max_running - spider_job_running(project, spider) AS free FROM limits
-                    ), unlimited_jobs AS (
-                        %2$s
-                    ), limited_jobs AS (
-                        SELECT next.id, next.priority FROM room, LATERAL (
-                            SELECT id, priority FROM spider_job
-                            WHERE status = 'pending' AND project = room.project AND spider = room.spider
-                              AND pool = ANY($5)
-                            ORDER BY priority DESC, id
-                            LIMIT greatest(least(room.free, $2), 0)
-                            FOR UPDATE SKIP LOCKED
-                        ) AS next
-                    ), next_jobs AS (
-                        SELECT id FROM (SELECT * FROM unlimited_jobs UNION ALL SELECT * FROM limited_jobs) AS candidates
-                        ORDER BY priority DESC, id
-                        LIMIT $2
-                    )
-                    UPDATE spider_job AS j
-                    SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
-                    FROM next_jobs WHERE j.id = next_jobs.id
-                    RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                              CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
-                              NULL::double precision
-                $claim$, v_projects, v_next)
+{limited_claim}                $claim$, v_projects, v_next)
                 USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker, v_pools;
             ELSE
                 RETURN QUERY EXECUTE format($claim$
@@ -194,7 +139,7 @@ CLAIM_FUNCTION = """
                NULL::double precision, v_promoted, CAST(extract(epoch FROM v_next_due - now()) AS double precision);
     END
     $$
-"""
+""".replace("{hot_path}", HOT_PATH).replace("{due_loop}", DUE_LOOP).replace("{limited_claim}", LIMITED_CLAIM)
 
 # The one-argument form's work, of the jobs a node with `tags` may run only (each job's pool a subset of them; a
 # periodic job's fired jobs go where it, or else its spider's route, sends them).
