@@ -49,7 +49,9 @@ CREATE_CLAIM_0013_TABLE = f"""
     CREATE INDEX ON {CLAIM_0013_TABLE} (project, priority DESC, id) WHERE status = 'pending'
 """
 # spider_job's own triggers (the crawl trees' counts), for the copy.
-SPIDER_JOB_TRIGGERS = "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'spider_job'::regclass AND NOT tgisinternal"
+SPIDER_JOB_TRIGGERS = """
+    SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'spider_job'::regclass AND NOT tgisinternal
+"""
 BENCHMARK_TABLES = (*SEED_TABLES, LEAN_TABLE, CLAIM_0013_TABLE)
 
 CREATE_SEED_TABLE = """
