@@ -138,8 +138,7 @@ def main(url: str, rounds: int) -> None:
     for sql in variants(cursor):
         cursor.execute(sql)
     create_tables(cursor)
-    params = {"projects": ["p"], "limit": 1, "node": "pgbench", "worker": "pgbench", "channel": NOTIFY_CHANNEL,
-              "tags": []}
+    params = {"projects": ["p"], "limit": 1, "node": "pgbench", "worker": "pgbench", "channel": NOTIFY_CHANNEL}
     claim = " ".join(cursor.mogrify(CLAIM_NEXT_JOBS, params).decode().split()) + ";\n"
 
     def lean(table: str) -> str:
@@ -155,8 +154,7 @@ def main(url: str, rounds: int) -> None:
         "claim_spider_jobs (pop)": ("spider_job", claim),
         "the same, planned for each call": (
             "spider_job", claim.replace("claim_spider_jobs(", "claim_planned_per_call(")),
-        "migration 0007's claim_spider_jobs": ("spider_job", claim.replace("claim_spider_jobs(", "claim_0007(")
-                                                  .replace(", CAST('{}' AS text[]))", ")")),
+        "migration 0007's claim_spider_jobs": ("spider_job", claim.replace("claim_spider_jobs(", "claim_0007(")),
     }
     rates: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):

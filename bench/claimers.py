@@ -74,11 +74,9 @@ def bare_claim_statement() -> str:
 
 
 def claim_0013_statement() -> str:
-    """The claim before node pools, as the store sent it: claim_0013() (0009's function) on CLAIM_0013_TABLE."""
-    return """
-    SELECT id, project, job, attempts, message, priority, waited, promoted, next_due_in
-    FROM claim_0013(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s)
-"""
+    """The claim before node pools, as the store sends it for a node without tags, of claim_0013() (0009's
+    function) on CLAIM_0013_TABLE."""
+    return store.CLAIM_NEXT_JOBS.replace("claim_spider_jobs(", "claim_0013(")
 
 
 class BareClaimStatement:
@@ -94,7 +92,7 @@ class BareClaimStatement:
         self.connection = database.connect(run.database_url)
         # A node without tags (the claim's own default), as every claimer here.
         self.params = {"projects": [run.project], "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex,
-                       "channel": NOTIFY_CHANNEL, "tags": []}
+                       "channel": NOTIFY_CHANNEL}
 
     def claim(self) -> bool:
         try:

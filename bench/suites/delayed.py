@@ -247,7 +247,7 @@ def explain_claims(url: str) -> dict:
 
     statement = store.CLAIM_NEXT_JOBS
     params = {"limit": 1, "node": "bench-delayed-explain", "worker": uuid.uuid4().hex,
-              "channel": NOTIFY_CHANNEL, "tags": []}
+              "channel": NOTIFY_CHANNEL}
     explained = {}
     for name, projects in EXPLAINED:
         connection = database.connect(url)

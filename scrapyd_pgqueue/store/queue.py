@@ -28,15 +28,16 @@ from scrapyd_pgqueue.store.nodes import NodeLeases
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Claim the next :limit pending jobs of :projects (all when NULL) that a node with :tags may run, for this node, in
-# one round trip: the database function claim_spider_jobs. Its SQL, and the reason for each of its steps, are in
-# store/schema.sql. Its rows (ClaimRow): the jobs claimed, then a summary row (id NULL) unless the first statement
-# filled every slot.
+# Claim the next :limit pending jobs of :projects (all when NULL) for this node, in one round trip: the database
+# function claim_spider_jobs. Its SQL, and the reason for each of its steps, are in store/schema.sql. Its rows
+# (ClaimRow): the jobs claimed, then a summary row (id NULL) unless the first statement filled every slot. A node
+# without tags leaves out p_tags (its default: none), so its statement is the one every schema since 0006 answers.
 CLAIM_NEXT_JOBS = """
     SELECT id, project, job, attempts, message, priority, waited, promoted, next_due_in
-    FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s,
-                           CAST(%(tags)s AS text[]))
+    FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s)
 """
+# The same for a node with :tags: only the jobs whose required tags it all has (migration 0014).
+CLAIM_NEXT_JOBS_WITH_TAGS = CLAIM_NEXT_JOBS.replace("%(channel)s)", "%(channel)s, CAST(%(tags)s AS text[]))")
 
 
 class ClaimRow(NamedTuple):
@@ -183,7 +184,8 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
             return Claim([], 0, None)
         # Without the SET LOCAL timeouts: the function sets its own lock_timeout, and each of its statements reads
         # a bounded head of an index (no statement_timeout needed; the caller's deadline bounds its wait).
-        rows = [ClaimRow._make(row) for row in db.fetch_all(self.engine, CLAIM_NEXT_JOBS, params, timeouts=False)]
+        statement = CLAIM_NEXT_JOBS_WITH_TAGS if params["tags"] else CLAIM_NEXT_JOBS
+        rows = [ClaimRow._make(row) for row in db.fetch_all(self.engine, statement, params, timeouts=False)]
         jobs = sorted((row for row in rows if row.id is not None), key=lambda row: (-row.priority, row.id))
         # The summary row (id NULL) comes last; a claim that filled its slots at once has none, and its rows carry
         # the next due time themselves (nothing became due).
