@@ -50,7 +50,7 @@ CREATE OR REPLACE FUNCTION claim_spider_jobs(p_projects text[], p_limit integer,
 AS $function$
     #variable_conflict use_column
     DECLARE
-        v_tagged boolean := coalesce(cardinality(p_tags), 0) > 0;
+        v_tagged boolean;
         v_hot boolean := p_limit > 0 AND coalesce(cardinality(p_projects) = 1, false)
                          AND coalesce(cardinality(p_tags), 0) = 0;
         v_claimed bigint := 0;
@@ -58,11 +58,11 @@ AS $function$
         v_promoted bigint := 0;
         v_next_due timestamptz;
         v_limited boolean;
-        v_pools text[] := ARRAY[''];
+        v_pools text[];
         v_projects text := CASE WHEN p_projects IS NULL THEN 'true'
                                 WHEN cardinality(p_projects) = 1 THEN 'project = $1[1]'
                                 ELSE 'project = ANY($1)' END;
-        v_unlimited text := '';
+        v_unlimited text;
         v_next text;
     BEGIN
         -- One project (ISpiderQueue.pop, a node with one project) on a node without tags, the hot path: one
@@ -142,14 +142,17 @@ AS $function$
         ELSE
             -- The pools this node may claim from: every pending pool whose tags it all has (a skip scan of
             -- spider_job_pending_idx's first column, one probe per pool: a few). A node without tags: pool '' only.
+            -- Set here, not where declared: the hot path's calls evaluate no more than 0009's did.
+            v_tagged := coalesce(cardinality(p_tags), 0) > 0;
             IF v_tagged THEN
                 v_pools := ARRAY(SELECT pending.pool FROM spider_job_pending_pools() AS pending(pool)
                                  WHERE string_to_array(pending.pool, ',') <@ p_tags);
+            ELSE
+                v_pools := ARRAY[''];
             END IF;
-            IF v_limited THEN
-                v_unlimited := 'AND NOT EXISTS (SELECT FROM spider_limit AS l '
-                               'WHERE l.project = j.project AND l.spider = j.spider)';
-            END IF;
+            v_unlimited := CASE WHEN v_limited THEN 'AND NOT EXISTS (SELECT FROM spider_limit AS l '
+                                                    'WHERE l.project = j.project AND l.spider = j.spider)'
+                                ELSE '' END;
             -- The next jobs this node may run, best first (a fixed fragment chooses the projects, the values are
             -- parameters). Without tags: the head of pool '' in spider_job_pending_idx (all projects) or
             -- spider_job_pending_project_idx (one project; several projects: spider_job_pending_idx from its head,

@@ -77,7 +77,7 @@ CLAIM_FUNCTION = """
     SET search_path FROM CURRENT AS $$
     #variable_conflict use_column
     DECLARE
-        v_tagged boolean := coalesce(cardinality(p_tags), 0) > 0;
+        v_tagged boolean;
         v_hot boolean := p_limit > 0 AND coalesce(cardinality(p_projects) = 1, false)
                          AND coalesce(cardinality(p_tags), 0) = 0;
         v_claimed bigint := 0;
@@ -85,24 +85,26 @@ CLAIM_FUNCTION = """
         v_promoted bigint := 0;
         v_next_due timestamptz;
         v_limited boolean;
-        v_pools text[] := ARRAY[''];
+        v_pools text[];
         v_projects text := CASE WHEN p_projects IS NULL THEN 'true'
                                 WHEN cardinality(p_projects) = 1 THEN 'project = $1[1]'
                                 ELSE 'project = ANY($1)' END;
-        v_unlimited text := '';
+        v_unlimited text;
         v_next text;
     BEGIN
 {hot_path}{due_loop}        IF p_limit <= v_claimed OR NOT (v_limited OR v_promoted > 0 OR NOT v_hot) THEN
             NULL;
         ELSE
+            v_tagged := coalesce(cardinality(p_tags), 0) > 0;
             IF v_tagged THEN
                 v_pools := ARRAY(SELECT pending.pool FROM spider_job_pending_pools() AS pending(pool)
                                  WHERE string_to_array(pending.pool, ',') <@ p_tags);
+            ELSE
+                v_pools := ARRAY[''];
             END IF;
-            IF v_limited THEN
-                v_unlimited := 'AND NOT EXISTS (SELECT FROM spider_limit AS l '
-                               'WHERE l.project = j.project AND l.spider = j.spider)';
-            END IF;
+            v_unlimited := CASE WHEN v_limited THEN 'AND NOT EXISTS (SELECT FROM spider_limit AS l '
+                                                    'WHERE l.project = j.project AND l.spider = j.spider)'
+                                ELSE '' END;
             v_next := CASE WHEN NOT v_tagged THEN format($next$
                 SELECT id, priority FROM spider_job AS j WHERE status = 'pending' AND pool = '' AND %1$s %2$s
                 ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED
