@@ -274,12 +274,14 @@ AS $function$
         IF tree.open_jobs = 0 THEN
             IF tree.on_complete IS NOT NULL AND tree.completion_job IS NULL AND NOT tree.cancelled THEN
                 completion := replace(CAST(gen_random_uuid() AS text), '-', '');
-                INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)
+                -- Its pool (0014): its spider's route, else '' (any node), as for a job scheduled without _tags.
+                INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time, pool)
                 VALUES (tree.project, tree.on_complete->>'spider', completion, 0,
                         coalesce(tree.on_complete->'args', '{}'::jsonb)
                             || jsonb_build_object('name', tree.on_complete->>'spider', '_job', completion,
                                                   'settings', '{}'::jsonb, 'tree', tree.root_job),
-                        'pending', now(), now());
+                        'pending', now(), now(), coalesce((SELECT r.pool FROM spider_route AS r
+                            WHERE r.project = tree.project AND r.spider = tree.on_complete->>'spider'), ''));
                 UPDATE spider_tree SET completion_job = completion WHERE root_id = tree.root_id;
                 tree.completion_job := completion;
                 PERFORM pg_notify('scrapyd_pgqueue_jobs', tree.project);

@@ -42,6 +42,18 @@ LIMITED_CLAIM = _between("                WITH limits AS MATERIALIZED (", "     
     "                        WHERE status = 'pending' AND project = room.project AND spider = room.spider\n"
     "                          AND pool = ANY($5)\n")
 _WANTED_NODES = runpy.run_path(str(_VERSIONS / "0008_wanted_nodes.py"))["WANTED_NODES_FUNCTION"]
+_TREES = runpy.run_path(str(_VERSIONS / "0012_webhooks.py"))
+OLD_COUNT_TREE_JOBS = _TREES["COUNT_TREE_JOBS_WITH_EVENTS"]
+# 0012's tree count, but a tree's completion job goes where its spider's route sends it (as any job scheduled
+# without _tags would), else anywhere.
+_COMPLETION_INSERT = ("INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)",
+                      "'pending', now(), now());")
+assert all(part in OLD_COUNT_TREE_JOBS for part in _COMPLETION_INSERT)
+COUNT_TREE_JOBS_ROUTED = OLD_COUNT_TREE_JOBS.replace(
+    _COMPLETION_INSERT[0], _COMPLETION_INSERT[0].replace("created_time)", "created_time, pool)")).replace(
+    _COMPLETION_INSERT[1],
+    "'pending', now(), now(), coalesce((SELECT r.pool FROM spider_route AS r\n"
+    "                            WHERE r.project = tree.project AND r.spider = tree.on_complete->>'spider'), ''));")
 OLD_CLAIM_SIGNATURE = "claim_spider_jobs(text[], integer, text, text, text)"
 CLAIM_SIGNATURE = "claim_spider_jobs(text[], integer, text, text, text, text[])"
 WANTED_SIGNATURE = "scrapyd_pgqueue_wanted_nodes(integer, text[])"
@@ -195,10 +207,14 @@ def upgrade() -> None:
     op.execute(f"DROP FUNCTION {OLD_CLAIM_SIGNATURE}")
     _with_pinned_search_path(PENDING_POOLS_FUNCTION, CLAIM_FUNCTION, WANTED_NODES_BY_TAGS_FUNCTION)
     op.execute(f"REVOKE EXECUTE ON FUNCTION {WANTED_SIGNATURE} FROM PUBLIC")
+    op.execute(COUNT_TREE_JOBS_ROUTED)  # CREATE OR REPLACE drops its SET clauses: pinned again, as 0012 does
+    _TREES["_pin_search_path"]()
 
 
 def downgrade() -> None:
     # Jobs that required tags run anywhere again, as every job did before.
+    op.execute(OLD_COUNT_TREE_JOBS)
+    _TREES["_pin_search_path"]()
     op.execute(f"DROP FUNCTION {WANTED_SIGNATURE}")
     op.execute(f"DROP FUNCTION {CLAIM_SIGNATURE}")
     op.execute("DROP FUNCTION spider_job_pending_pools()")
