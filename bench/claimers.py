@@ -73,15 +73,24 @@ def bare_claim_statement() -> str:
     return store.CLAIM_NEXT_JOBS
 
 
+def claim_0013_statement() -> str:
+    """The claim before node pools, as the store sends it for a node without tags, of claim_0013() (0009's
+    function) on CLAIM_0013_TABLE."""
+    return store.CLAIM_NEXT_JOBS.replace("claim_spider_jobs(", "claim_0013(")
+
+
 class BareClaimStatement:
     """(d) The ceiling: the store's claim statement alone, psycopg2, autocommit off, one commit per claim.
 
     The same parameters as (a): one project, limit 1, a node name and a worker id.
     """
 
+    statement = staticmethod(bare_claim_statement)
+
     def __init__(self, run: ClaimRun, index: int):
-        self.statement = bare_claim_statement()
+        self.statement = self.statement()
         self.connection = database.connect(run.database_url)
+        # A node without tags (the claim's own default), as every claimer here.
         self.params = {"projects": [run.project], "limit": 1, "node": _node_name(index), "worker": uuid.uuid4().hex,
                        "channel": NOTIFY_CHANNEL}
 
@@ -98,6 +107,13 @@ class BareClaimStatement:
 
     def close(self) -> None:
         self.connection.close()
+
+
+class Claim0013Statement(BareClaimStatement):
+    """(f) The claim before node pools: (d) as it was at migration 0013, on a copy of spider_job with that schema
+    (issue 33's reference for the claim of a node without tags on a queue without tagged jobs)."""
+
+    statement = staticmethod(claim_0013_statement)
 
 
 def lean_claim_statement(table: str = database.LEAN_TABLE) -> str:
@@ -207,6 +223,7 @@ KINDS = {
     "scrapyd_sqlite": Kind("(c) Scrapyd SqliteSpiderQueue", ScrapydSqlite, "sqlite"),
     "bare_claim_statement": Kind("(d) bare claim statement, psycopg2", BareClaimStatement, "spider_job"),
     "lean_claim": Kind("(e) lean claim, lean table", LeanClaim, database.LEAN_TABLE),
+    "claim_0013": Kind("(f) claim before node pools (0013), its table", Claim0013Statement, database.CLAIM_0013_TABLE),
 }
 
 

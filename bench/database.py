@@ -38,7 +38,22 @@ CREATE_LEAN_TABLE = """
     CREATE INDEX IF NOT EXISTS lean_spider_job_pending_idx ON lean_spider_job (priority DESC, id)
         WHERE status = 'pending'
 """
-BENCHMARK_TABLES = (*SEED_TABLES, LEAN_TABLE)
+# The claim as it was before node pools (migration 0013): 0009's claim function, claim_0013, on a copy of spider_job
+# with 0013's schema (no pool column; pending indexes without it; the same triggers). Issue 33's reference: the claim
+# of a node without tags on a queue without tagged jobs costs what this one does.
+CLAIM_0013_TABLE = "claim_0013_spider_job"
+CREATE_CLAIM_0013_TABLE = f"""
+    DROP TABLE IF EXISTS {CLAIM_0013_TABLE};
+    CREATE TABLE {CLAIM_0013_TABLE} (LIKE spider_job INCLUDING ALL);
+    ALTER TABLE {CLAIM_0013_TABLE} DROP COLUMN pool;
+    CREATE INDEX ON {CLAIM_0013_TABLE} (priority DESC, id) WHERE status = 'pending';
+    CREATE INDEX ON {CLAIM_0013_TABLE} (project, priority DESC, id) WHERE status = 'pending'
+"""
+# spider_job's own triggers (the crawl trees' counts), for the copy.
+SPIDER_JOB_TRIGGERS = """
+    SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'spider_job'::regclass AND NOT tgisinternal
+"""
+BENCHMARK_TABLES = (*SEED_TABLES, LEAN_TABLE, CLAIM_0013_TABLE)
 
 CREATE_SEED_TABLE = """
     CREATE TABLE IF NOT EXISTS {table} (
@@ -194,6 +209,7 @@ def drop_benchmark_rows(url: str) -> None:
         cursor.execute(TRUNCATE_SPIDER_JOB)
         for table in BENCHMARK_TABLES:
             cursor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+        cursor.execute("DROP FUNCTION IF EXISTS claim_0013(text[], integer, text, text, text)")
 
 
 def prepare_schema(url: str) -> None:
@@ -208,7 +224,26 @@ def prepare_schema(url: str) -> None:
             )
         )
         cursor.execute(CREATE_LEAN_TABLE)
+        create_claim_0013(cursor)
 
+
+def create_claim_0013(cursor) -> None:
+    """CLAIM_0013_TABLE and claim_0013(), 0009's claim function reading and writing that table."""
+    import re
+    import runpy
+
+    from scrapyd_pgqueue.migrations import versions
+
+    cursor.execute(CREATE_CLAIM_0013_TABLE)
+    cursor.execute(SPIDER_JOB_TRIGGERS)
+    for (trigger,) in cursor.fetchall():
+        cursor.execute(trigger.replace(" ON public.spider_job ", f" ON {CLAIM_0013_TABLE} "))
+    path = Path(versions.__path__[0]) / "0014_node_pools.py"
+    function = runpy.run_path(str(path))["OLD_CLAIM_FUNCTION"].replace(
+        "FUNCTION claim_spider_jobs(", "FUNCTION claim_0013(").replace(
+        "LANGUAGE plpgsql VOLATILE SET plan_cache_mode", "LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp "
+        "SET plan_cache_mode")
+    cursor.execute(re.sub(r"\bspider_job\b(?!_)", CLAIM_0013_TABLE, function))
 
 def fill_spider_job(url: str, count: int, projects: Sequence[str], prefix: str, table: str = "spider_job") -> None:
     """Replace the queue (or the lean table) with ``count`` fresh pending jobs, then VACUUM ANALYZE as a settled

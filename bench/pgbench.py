@@ -30,12 +30,13 @@ COMMIT;
 """
 
 
-def claim_script(url: str, project: str) -> str:
-    """The store's claim with (a)'s values, as the driver sends it (psycopg2 renders the parameters)."""
+def claim_script(url: str, project: str, statement: str = CLAIM_NEXT_JOBS) -> str:
+    """The store's claim (or ``statement``, with the same placeholders) with (a)'s values, as the driver sends it
+    (psycopg2 renders the parameters): a node without tags."""
     params = {"projects": [project], "limit": 1, "node": "pgbench", "worker": "pgbench",
               "now": datetime.datetime.now(), "channel": NOTIFY_CHANNEL}
     with database.admin_connection(url) as connection, connection.cursor() as cursor:
-        statement = cursor.mogrify(CLAIM_NEXT_JOBS, params).decode()
+        statement = cursor.mogrify(statement, params).decode()
     return " ".join(statement.split()) + ";\n"
 
 

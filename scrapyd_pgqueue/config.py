@@ -22,6 +22,7 @@ LISTEN_URL_OPTION = "listen_url"
 LISTEN_URL_VARIABLE = "SCRAPYD_LISTEN_URL"
 LEASE_LOST_ACTIONS = ("keep", "stop")
 NODE_NAME_VARIABLE = "SCRAPYD_NODE_NAME"
+NODE_TAGS_VARIABLE = "SCRAPYD_NODE_TAGS"
 # Set by the node for each crawl: the path of the egg to run, or empty when the project has none.
 EGG_FILE_VARIABLE = "SCRAPYD_PGQUEUE_EGG"
 # Jobs a crawl tree may ever have, unless tree_max_jobs says otherwise.
@@ -59,6 +60,8 @@ class ConfigurationError(RuntimeError):
 class Settings:
     database_url: str = field(repr=False)  # holds the password: never in a log line
     node_name: str
+    # The node's tags (node_tags, or SCRAPYD_NODE_TAGS): it claims only jobs whose required tags it all has.
+    node_tags: tuple[str, ...] = ()
     finished_to_keep: int = 100
     # Dead jobs (out of retries) kept beside them, newest first; None: every one, until requeued or pruned by hand.
     dead_to_keep: int | None = None
@@ -158,6 +161,17 @@ def unambiguous(url: str, source: str) -> str:
     return url
 
 
+def node_tags(config=None) -> tuple[str, ...]:
+    """The node's tags, checked and sorted (ConfigurationError when one is not a valid tag)."""
+    from scrapyd_pgqueue.store.pools import InvalidTagsError, parse_tags
+
+    given = os.environ.get(NODE_TAGS_VARIABLE) or _get(config, "node_tags", "") or ""
+    try:
+        return parse_tags(given)
+    except InvalidTagsError as e:
+        raise ConfigurationError(f"{NODE_TAGS_VARIABLE} or 'node_tags': {e}") from None
+
+
 def node_name(config=None) -> str:
     # Scrapyd's own Root uses config "node_name" with the host name as default: agree with it.
     return os.environ.get(NODE_NAME_VARIABLE) or _get(config, "node_name", "") or socket.gethostname()
@@ -177,6 +191,7 @@ def settings(config=None) -> Settings:
     result = Settings(
         database_url=database_url(config),
         node_name=node_name(config),
+        node_tags=node_tags(config),
         finished_to_keep=number("finished_to_keep", 100, int),
         dead_to_keep=number("dead_to_keep", None, int),
         tree_max_jobs=number("tree_max_jobs", DEFAULT_TREE_MAX_JOBS, int),

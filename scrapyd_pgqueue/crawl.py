@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from scrapyd_pgqueue.crawl_process.crawl_node import (  # noqa: F401 - the API's errors and variables, importable from here
@@ -57,7 +57,8 @@ class FollowUp:
     ``on_conflict``). ``run_at`` (Unix seconds or ISO 8601 with an offset) or ``delay`` (seconds) delay it;
     ``retries`` and ``retry_delay`` retry it; ``version`` pins an egg version (default: the version this crawl was
     pinned to, else the newest); ``jobid`` names it (default: a new one); ``max_runtime`` and ``stall_timeout``
-    (seconds) are schedule.json's ``_max_runtime`` and ``_stall_timeout``.
+    (seconds) are schedule.json's ``_max_runtime`` and ``_stall_timeout``; ``tags`` (a list, or a comma-separated
+    string) is its ``_tags``: only nodes with all of them run the child (default: the child spider's route).
     """
 
     spider: str
@@ -75,6 +76,7 @@ class FollowUp:
     jobid: str | None = None
     max_runtime: float | None = None
     stall_timeout: float | None = None
+    tags: Sequence[str] | str | None = None
 
 
 def schedule(
@@ -95,6 +97,7 @@ def schedule(
     parent: str | None = None,
     max_runtime: float | None = None,
     stall_timeout: float | None = None,
+    tags: Sequence[str] | str | None = None,
 ) -> str:
     """Schedule one child job of the running crawl now, in the crawl's own project; return its job id (for a tree
     key scheduled before, the job that has it). ``parent`` defaults to the running crawl (``NotInACrawlError`` when
@@ -102,7 +105,7 @@ def schedule(
     the node or its database did not answer, nothing was stored."""
     follow_up = FollowUp(
         spider, args, settings, priority, unique_key, unique_scope, on_conflict, run_at, delay, retries,
-        retry_delay, version, jobid, max_runtime, stall_timeout,
+        retry_delay, version, jobid, max_runtime, stall_timeout, tags,
     )
     return schedule_many([follow_up], parent=parent)[0]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import uuid
 from pathlib import Path
@@ -16,6 +17,7 @@ from psycopg2 import sql
 import pytest
 from sqlalchemy import make_url
 
+from scrapyd_pgqueue import cli
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
 from scrapyd_pgqueue.store import JobStore
@@ -82,6 +84,18 @@ def egg(tmp_path_factory):
 def store(database_url):
     """The queue's operations (``JobStore``) over the test's database."""
     return JobStore.for_url(database_url)
+
+
+@pytest.fixture
+def command(database_url, capsys):
+    """Run ``scrapyd-pgqueue ARGS --database-url URL``: (exit code, stdout, stderr); stdout parsed with --json."""
+
+    def run(*args):
+        code = cli.main([*args, "--database-url", database_url])
+        out, err = capsys.readouterr()
+        return code, json.loads(out) if "--json" in args and code == 0 else out, err
+
+    return run
 
 
 @pytest.fixture

@@ -73,9 +73,10 @@ def query(url, sql, params=()):
         return cursor.fetchall() if cursor.description else None
 
 
-def claim_until_empty(url, worker, start_at, results, largest_batch):
-    """A claimer process: from ``start_at`` on, claim batches of 1 to ``largest_batch`` jobs (sizes drawn from a
-    generator seeded by ``worker``) until none is left; put its (job, attempt) pairs on ``results``."""
+def claim_until_empty(url, worker, start_at, results, largest_batch, tags=()):
+    """A claimer process (a node with ``tags``): from ``start_at`` on, claim batches of 1 to ``largest_batch`` jobs
+    (sizes drawn from a generator seeded by ``worker``) until none is left; put (worker, its (job, attempt) pairs) on
+    ``results``."""
     from scrapyd_pgqueue.store import JobStore
 
     store = JobStore.for_url(url)
@@ -83,24 +84,25 @@ def claim_until_empty(url, worker, start_at, results, largest_batch):
     time.sleep(max(0.0, start_at - time.time()))  # start all together
     claimed = []
     while batch := store.claim_next_jobs(None, chooser.randint(1, largest_batch), node=f"node-{worker}",
-                                         worker=f"w{worker}").jobs:
+                                         worker=f"w{worker}", tags=tags).jobs:
         claimed.extend((job.job, job.attempt) for job in batch)
-    results.put(claimed)
+    results.put((worker, claimed))
 
 
-def claim_in_processes(url, claimers: int, start_method: str, largest_batch: int = 1):
-    """``claimers`` OS processes claiming together until the queue is empty: each one's (job, attempt) pairs, and
-    the seconds they took."""
+def claim_in_processes(url, claimers: int, start_method: str, largest_batch: int = 1, tags_of=lambda worker: ()):
+    """``claimers`` OS processes (each a node with ``tags_of(its index)``) claiming together until the queue is
+    empty: each one's (job, attempt) pairs, in their index order, and the seconds they took."""
     context = multiprocessing.get_context(start_method)
     results = context.Queue()
     start_at = time.time() + 3
     processes = [
-        context.Process(target=claim_until_empty, args=(url, worker, start_at, results, largest_batch))
+        context.Process(target=claim_until_empty,
+                        args=(url, worker, start_at, results, largest_batch, tags_of(worker)))
         for worker in range(claimers)
     ]
     for process in processes:
         process.start()
-    per_worker = [results.get(timeout=300) for _ in processes]
+    per_worker = [claimed for _, claimed in sorted(results.get(timeout=300) for _ in processes)]
     elapsed = time.time() - start_at
     for process in processes:
         process.join(30)

@@ -28,6 +28,7 @@ EXPECTED_SERIES = {
         "scrapyd_sqlite",
         "bare_claim_statement",
         "lean_claim",
+        "claim_0013",
     },
     "depth": {"claim_latency", "reads", "claim_latency_small_project"},
     "churn": {"stages", "during_churn"},

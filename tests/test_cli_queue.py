@@ -82,6 +82,7 @@ def test_status_of_an_empty_queue(database_url):
         "finished": {"total": 0, "by_outcome": {}},
         "troubled": [],
         "recovered": [],
+        "unroutable": [],
     }
     assert "Pending: 0" in run(database_url, "status").stdout
 

@@ -15,18 +15,6 @@ from scrapyd_pgqueue import cli
 from helpers import ends, query, runs, wait_for
 
 
-@pytest.fixture
-def command(database_url, capsys):
-    """Run ``scrapyd-pgqueue ARGS --database-url URL``: (exit code, stdout, stderr); stdout parsed with --json."""
-
-    def run(*args):
-        code = cli.main([*args, "--database-url", database_url])
-        out, err = capsys.readouterr()
-        return code, json.loads(out) if "--json" in args and code == 0 else out, err
-
-    return run
-
-
 # --- periodic ----------------------------------------------------------------------------------------------------
 
 

@@ -53,3 +53,14 @@ def test_webhooks_retry_for_a_day_by_default_and_need_positive_times():
     assert (given.webhook_retry_hours, given.webhook_backoff) == (1.0, 0.5)
     with pytest.raises(ConfigurationError, match="'webhook_timeout' must be more than 0 seconds"):
         settings(Config(values={**URL, "webhook_timeout": "0"}))
+
+
+def test_a_node_s_tags_come_from_node_tags_or_the_environment_sorted_and_checked(monkeypatch):
+    monkeypatch.delenv("SCRAPYD_NODE_TAGS", raising=False)
+    assert settings(Config(values=URL)).node_tags == ()
+    assert settings(Config(values={**URL, "node_tags": "eu, browser"})).node_tags == ("browser", "eu")
+    monkeypatch.setenv("SCRAPYD_NODE_TAGS", "gpu")
+    assert settings(Config(values={**URL, "node_tags": "eu"})).node_tags == ("gpu",)
+    monkeypatch.setenv("SCRAPYD_NODE_TAGS", "gpu,big box")
+    with pytest.raises(ConfigurationError, match="SCRAPYD_NODE_TAGS or 'node_tags': tag 'big box' is not valid"):
+        settings(Config(values=URL))

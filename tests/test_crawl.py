@@ -266,3 +266,13 @@ def test_a_child_carries_its_own_watchdog_limits(database_url, in_a_crawl):
                                "ORDER BY id") == [(bounded, 30.0, 5.0), (other, 60.0, None)]
     with pytest.raises(ValueError, match="max_runtime must be more than 0"):
         crawl.schedule("page", max_runtime=0)
+
+
+def test_a_child_carries_its_own_tags_or_else_its_spider_s_route(database_url, in_a_crawl):
+    query(database_url, "INSERT INTO spider_route (project, spider, pool) VALUES ('p', 'page', 'browser')")
+    tagged = crawl.schedule("page", tags=["gpu", "eu"])
+    [routed, anywhere] = crawl.schedule_many([crawl.FollowUp("page"), crawl.FollowUp("page", tags="")])
+    assert query(database_url, "SELECT job, pool FROM spider_job WHERE parent = 'root' ORDER BY id") == [
+        (tagged, "eu,gpu"), (routed, "browser"), (anywhere, "")]
+    with pytest.raises(ValueError, match="_tags: tag 'a b' is not valid"):
+        crawl.schedule("page", tags="a b")

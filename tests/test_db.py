@@ -515,6 +515,33 @@ def test_0013_upgrades_a_populated_queue_whose_jobs_then_take_watchdog_limits_an
         ("dead", 999), ("failed", 1001), ("finished", 1000)]  # timeout and stalled read as failed, as before
 
 
+def test_0014_upgrades_a_populated_queue_whose_jobs_require_no_tag_and_downgrades(database_url):
+    _migrate_to(database_url, "0013")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)
+        SELECT 'p', 's', 'job-' || i, i %% 5, jsonb_build_object('name', 's', '_job', 'job-' || i), 'pending', now(),
+               now()
+        FROM generate_series(1, 2000) AS i
+    """)
+    before = query(database_url, "SELECT id, job, priority FROM spider_job ORDER BY priority DESC, id")
+
+    _migrate_to(database_url, "0014")
+    assert query(database_url, "SELECT DISTINCT pool FROM spider_job") == [("",)]
+    from scrapyd_pgqueue.store import JobStore
+
+    store = JobStore.for_url(database_url)
+    claimed = store.claim_next_jobs(["p"], 3, node="n", worker="w").jobs
+    assert [job.id for job in claimed] == [row[0] for row in before[:3]]  # a node without tags: the same order
+    query(database_url, "UPDATE spider_job SET pool = 'browser' WHERE id = %s", (before[3][0],))
+    store.engine.dispose()
+
+    _migrate_to(database_url, "0013", down=True)
+    assert query(database_url, "SELECT count(*) FROM spider_job") == [(2000,)]
+    [(job,)] = query(database_url, "SELECT job FROM claim_spider_jobs(ARRAY['p'], 1, 'n', 'w', 'c') "
+                                   "WHERE id IS NOT NULL")
+    assert job == before[3][1]  # required tags forgotten: it runs anywhere, in its place
+
+
 def test_0016_upgrades_populated_nodes_which_then_count_as_wanting_work_until_they_say(database_url):
     _migrate_to(database_url, "0013")
     query(database_url, "INSERT INTO scrapyd_node (id, name, max_proc, stopped_time) "

@@ -329,3 +329,41 @@ def test_with_the_drain_switch_a_stopped_node_finishes_its_crawl_instead_of_hand
     assert jobs(admin_url, "long")["long"] == ("terminated", "finished", draining.name, 1)
     assert [(run["job"], run["node"]) for run in runs(tmp_path)] == [("long", draining.name)]
     assert other.get("listjobs.json")["running"] == []
+
+
+# --- node pools --------------------------------------------------------------------------------------------------
+
+
+def test_two_pools_render_a_deployment_budget_and_scaled_object_each_that_scale_on_their_own_work(
+        helm, database_url):
+    docs = render(helm, CHART / "ci" / "pools-values.yaml")
+    for pool, tags, slots, image, bounds in (
+            ("plain", None, 8, "scrapyd-pgqueue:", (1, 20)),
+            ("browser", "browser", 2, "registry.example.com/scrapyd-pgqueue-playwright:1.4.0", (0, 5))):
+        name = f"rel-scrapyd-pgqueue-{pool}"
+        deployment = one(docs, "Deployment", name)
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"].startswith(image)
+        assert env_of(container).get("SCRAPYD_NODE_TAGS", {}).get("value") == tags
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector["scrapyd-pgqueue/pool"] == pool
+        assert deployment["spec"]["template"]["metadata"]["labels"].items() >= selector.items()
+        assert one(docs, "PodDisruptionBudget", name)["spec"]["selector"]["matchLabels"] == selector
+        sources = deployment["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"]
+        pool_conf = one(docs, "ConfigMap", sources[1]["configMap"]["name"])["data"]["pool.conf"]
+        assert f"max_proc = {slots}" in pool_conf
+        scaled = one(docs, "ScaledObject", name)["spec"]
+        assert (scaled["scaleTargetRef"]["name"], scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (
+            name, *bounds)
+        wanted = scaled["triggers"][0]["metadata"]["query"]
+        listed = f"'{tags}'" if tags else ""
+        assert wanted == f"SELECT scrapyd_pgqueue_wanted_nodes({slots}, ARRAY[{listed}]::text[])"
+        # The query runs as written: 3 jobs without tags and 5 requiring browser.
+        db.get_engine(database_url).dispose()
+        if pool == "plain":
+            query(database_url, "INSERT INTO spider_job (project, spider, job, status, run_at, created_time, pool) "
+                                "SELECT 'p', 's', 'j' || i, 'pending', now(), now(), "
+                                "CASE WHEN i > 3 THEN 'browser' ELSE '' END FROM generate_series(1, 8) AS i")
+        assert query(database_url, wanted) == [(-(-(3 if pool == "plain" else 8) // slots),)]
+    assert not [doc for doc in docs if doc["metadata"]["name"] == "rel-scrapyd-pgqueue" and doc["kind"] in
+                ("Deployment", "ScaledObject", "PodDisruptionBudget")]  # no pool of the defaults beside them

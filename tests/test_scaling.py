@@ -121,3 +121,49 @@ def test_a_scaler_role_with_execute_only_gets_the_number_but_no_job_and_others_g
     with contextlib.closing(connect(nodes)) as connection, connection.cursor() as cursor:
         cursor.execute(WANTED, (4,))
         assert cursor.fetchone() == (3,)
+
+
+WANTED_BY_TAGS = "SELECT scrapyd_pgqueue_wanted_nodes(%s, %s)"
+# Beside JOBS (no tag required): (project, spider, status, run_at, how many, pool).
+POOL_JOBS = [
+    ("p", "free", "pending", "-1 minute", 3, "browser"),
+    ("p", "free", "ongoing", "-1 minute", 2, "browser"),
+    ("q", "later", "delayed", "-1 second", 1, "browser"),  # due, not promoted yet
+    ("q", "later", "delayed", "+1 hour", 2, "browser"),  # not yet: no work
+    ("p", "free", "pending", "-1 minute", 4, "browser,eu"),
+    ("p", "limited", "pending", "-1 minute", 5, "browser"),  # the limit is the cluster's: still 2 at once
+]
+
+
+def test_the_two_argument_form_counts_the_work_a_pool_may_run(queue_url):
+    insert_jobs(queue_url, JOBS)
+    for project, spider, status, run_at, count, pool in POOL_JOBS:
+        insert_jobs(queue_url, [(project, spider, status, run_at, count)])
+        query(queue_url, "UPDATE spider_job SET pool = %s WHERE id > (SELECT max(id) FROM spider_job) - %s",
+              (pool, count))
+    for project, spider, max_running in LIMITS:
+        query(queue_url, "INSERT INTO spider_limit (project, spider, max_running) VALUES (%s, %s, %s)",
+              (project, spider, max_running))
+    # Periodic jobs due to fire: one without tags, one with its own, one whose spider is routed to browser.
+    query(queue_url, "INSERT INTO spider_route (project, spider, pool) VALUES ('p', 'routed', 'browser')")
+    for name, spider, pool in (("plain", "free", None), ("own", "free", "browser"), ("routed", "routed", None)):
+        query(queue_url, "INSERT INTO periodic_job (name, project, spider, every_seconds, pool, next_fire_time) "
+                         "VALUES (%s, 'p', %s, 60, %s, now() - interval '1 second')", (name, spider, pool))
+
+    def by_tags(tags, slots=1):
+        return query(queue_url, WANTED_BY_TAGS, (slots, tags))[0][0]
+
+    plain = WORK  # JOBS' work and the plain periodic job
+    browser = plain + 3 + 2 + 1 + 2  # its pending, running and due jobs, its two periodic jobs (the limit is full)
+    assert {tags: by_tags(list(tags)) for tags in ((), ("eu",), ("browser",), ("browser", "eu"))} == {
+        (): plain, ("eu",): plain, ("browser",): browser, ("browser", "eu"): browser + 4}
+    assert by_tags(["browser"], 4) == -(-browser // 4)
+    assert wanted(queue_url, 1) == browser + 4  # the one-argument form: all the work, as before
+
+    # What a pool's node claims is what its count says it may run: a browser node takes every pending and due job
+    # of pools '' and browser (up to the limits), and none requiring eu.
+    claimed = JobStore.for_url(queue_url).claim_next_jobs(None, 100, node="n", worker="w", tags=["browser"]).jobs
+    pools = dict(query(queue_url, "SELECT job, pool FROM spider_job WHERE job = ANY(%s)", ([c.job for c in claimed],)))
+    assert sorted(set(pools.values())) == ["", "browser"]
+    assert len(claimed) == (5 + 4 + 1 + 1) + (3 + 1)  # the free, due, limited and rare jobs; browser's own
+    assert by_tags(["browser"]) == browser  # the same work, running now

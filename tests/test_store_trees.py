@@ -248,3 +248,13 @@ def test_a_child_scheduled_while_its_tree_completes_waits_and_is_refused(databas
     tree = cluster.tree("p", "r")
     assert (tree.done, tree.total) == (True, 2) and len(completions(database_url)) == 1
     assert query(database_url, "SELECT job FROM spider_job WHERE job = 'late'") == []
+
+
+def test_a_tree_s_completion_job_goes_where_its_spider_s_route_sends_it(database_url):
+    store = JobStore.for_url(database_url)
+    query(database_url, "INSERT INTO spider_route (project, spider, pool) VALUES ('p', 'summary', 'browser')")
+    store.enqueue("p", {"name": "root", "_job": "r"}, options=JobOptions(on_complete="summary"))
+    [root] = claim_all(store)
+    finish(store, root)
+    assert query(database_url, "SELECT spider, pool FROM spider_job WHERE status = 'pending'") == [
+        ("summary", "browser")]

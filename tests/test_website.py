@@ -54,7 +54,7 @@ def test_a_job_scheduled_on_node1_running_on_node3_is_cancelled_from_node2s_page
     assert browser.find_element(By.TAG_NAME, "h1").text == "Jobs"
     headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#jobs thead th")]
     # Scrapyd's columns first, ours after them (ScrapydWeb reads by position), the job's stats last.
-    assert headers == [*STOCK, "Cancel", "Node", "Outcome", "Items scraped", "Errors", "Finish reason"]
+    assert headers == [*STOCK, "Cancel", "Node", "Outcome", "Items scraped", "Errors", "Finish reason", "Tags"]
     running = {row["Job"]: row for row in section_rows(browser, "Running")}
     assert running["steered"]["Node"] == "node3" and running["steered"]["PID"] == str(run["pid"])
     log = row_of(browser, "steered").find_element(By.LINK_TEXT, "Log").get_attribute("href")

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from bench import database, pgbench, report
-from bench.claimers import KINDS, ClaimRun
+from bench.claimers import KINDS, ClaimRun, claim_0013_statement
 from bench.context import Context
 from bench.stats import ratio
 from bench.workers import ClaimerPool, WorkerResult
@@ -36,6 +36,7 @@ RATIOS = (
     ("pgqueue_pop", "seed_lock_table_as_published"),
     ("pgqueue_pop", "scrapyd_sqlite"),
     ("bare_claim_statement", "seed_lock_table"),
+    ("bare_claim_statement", "claim_0013"),
 )
 
 # (numerator, denominator, comparison, limit) at TARGET_CLAIMERS: the goals set for the claim path.
@@ -45,6 +46,7 @@ TARGETS = (
     ("pgqueue_claim_next_jobs", "bare_claim_statement", ">=", 0.70),
     ("pgqueue_pop", "seed_lock_table", ">=", 2.5),
     ("pgqueue_claim_next_jobs", "seed_lock_table", ">=", 2.5),
+    ("bare_claim_statement", "claim_0013", ">=", 0.95),  # node pools cost an untagged node nothing
 )
 
 SHORT_NAMES = {
@@ -55,6 +57,7 @@ SHORT_NAMES = {
     "scrapyd_sqlite": "(c) sqlite",
     "bare_claim_statement": "(d) ceiling",
     "lean_claim": "(e) lean",
+    "claim_0013": "(f) before pools",
 }
 
 
@@ -120,7 +123,8 @@ def _server_only(ctx: Context) -> dict:
     level = TARGET_CLAIMERS if TARGET_CLAIMERS in profile.claimers else max(profile.claimers)
     scripts = {"bare_claim_statement": pgbench.claim_script(ctx.database_url, PROJECT),
                "seed_lock_table": pgbench.SEED_TRANSACTION,
-               "lean_claim": pgbench.lean_claim_script(ctx.database_url)}
+               "lean_claim": pgbench.lean_claim_script(ctx.database_url),
+               "claim_0013": pgbench.claim_script(ctx.database_url, PROJECT, statement=claim_0013_statement())}
     runs = {kind: [] for kind in scripts}
     for repeat in range(profile.repeats):
         for kind in _rotated(list(scripts), repeat):
@@ -131,7 +135,8 @@ def _server_only(ctx: Context) -> dict:
     rates = {kind: statistics.median(values) for kind, values in runs.items()}
     return {"claimers": level, "transactions_per_second": rates, "runs": runs,
             "ratio": ratio(rates["bare_claim_statement"], rates["seed_lock_table"]),
-            "ratio_to_lean": ratio(rates["bare_claim_statement"], rates["lean_claim"])}
+            "ratio_to_lean": ratio(rates["bare_claim_statement"], rates["lean_claim"]),
+            "ratio_to_0013": ratio(rates["bare_claim_statement"], rates["claim_0013"])}
 
 
 def _rotated(kinds: list[str], shift: int) -> list[str]:
@@ -143,7 +148,7 @@ def _refill(ctx: Context, kind: str, sqlite_dir: Path) -> None:
     backlog, store = ctx.profile.throughput_backlog, KINDS[kind].store
     if store == "spider_job":
         database.fill_spider_job(ctx.database_url, backlog, [PROJECT], prefix="tp-")
-    elif store == database.LEAN_TABLE:
+    elif store in (database.LEAN_TABLE, database.CLAIM_0013_TABLE):
         database.fill_spider_job(ctx.database_url, backlog, [PROJECT], prefix="tp-", table=store)
     elif store == "sqlite":
         database.fill_scrapyd_sqlite_queue(sqlite_dir, PROJECT, backlog)
@@ -261,8 +266,9 @@ def _format_server_only(server_only: dict) -> str:
     rates = server_only["transactions_per_second"]
     return (f"server side alone (pgbench, {server_only['claimers']} connections, no Python client): (d) claim "
             f"{rates['bare_claim_statement']:,.0f}/s, (b) seed LOCK TABLE {rates['seed_lock_table']:,.0f}/s, "
-            f"(e) lean claim {rates['lean_claim']:,.0f}/s; (d) / (b) {server_only['ratio']:.2f}, "
-            f"(d) / (e) {server_only['ratio_to_lean']:.2f}")
+            f"(e) lean claim {rates['lean_claim']:,.0f}/s, (f) claim before node pools {rates['claim_0013']:,.0f}/s; "
+            f"(d) / (b) {server_only['ratio']:.2f}, (d) / (e) {server_only['ratio_to_lean']:.2f}, "
+            f"(d) / (f) {server_only['ratio_to_0013']:.2f}")
 
 
 @report.plotting

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from scrapyd_pgqueue.cli import health, queue, schedules, trees, webhooks
+from scrapyd_pgqueue.cli import health, queue, routes, schedules, trees, webhooks
 from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE
 
 
@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_commands(commands, database_url_argument)  # status, requeue, cancel, enqueue, prune
     schedules.add_commands(commands, database_url_argument)  # periodic add|list|..., limit set|list|remove
     trees.add_commands(commands, database_url_argument)  # tree JOB
+    routes.add_commands(commands, database_url_argument)  # route set|list|remove
     webhooks.add_commands(commands, database_url_argument, secret_file)  # webhook add|list|remove
     health.add_command(commands)  # health [--ready]: the node's liveness and readiness checks
     return parser

@@ -57,6 +57,8 @@ def add_commands(commands, database_url_argument) -> None:
                               '"settings": {...}, "version": ...} a line; - for standard input')
     enqueue.add_argument("--project", required=True, help="the project of every job")
     enqueue.add_argument("--batch-size", type=int, default=5000, help="jobs stored per statement (default 5000)")
+    enqueue.add_argument("--tags", metavar="TAG,TAG",
+                         help="the _tags of every job without its own \"tags\" (default: each spider's route)")
 
     prune = command("prune", run_prune, "delete finished jobs (and their stored logs)")
     prune.add_argument("--keep", type=int, help="keep only the newest N finished jobs")
@@ -75,7 +77,8 @@ def duration(text: str) -> datetime.timedelta:
 
 
 def run_status(args) -> int:
-    from scrapyd_pgqueue.store import db
+    from scrapyd_pgqueue.store import PENDING_COUNT_CAP, db
+    from scrapyd_pgqueue.store.pools import PoolStore
 
     store = all_jobs_store(args)
     pending = store.pending_by_spider()
@@ -86,6 +89,7 @@ def run_status(args) -> int:
     outcomes = store.outcome_counts()
     troubled = store.troubled_jobs(TROUBLED_SHOWN)
     recovered = store.recovered_jobs(TROUBLED_SHOWN)
+    unroutable = PoolStore.for_engine(store.engine).unroutable(args.lease_seconds, PENDING_COUNT_CAP)
     if args.json:
         print_json({
             "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
@@ -95,6 +99,7 @@ def run_status(args) -> int:
             "finished": {"total": sum(outcomes.values()), "by_outcome": outcomes},
             "troubled": troubled,
             "recovered": recovered,
+            "unroutable": unroutable,
         })
         return 0
 
@@ -114,8 +119,12 @@ def run_status(args) -> int:
                     [(j.node, j.project, j.spider, j.job, j.pid, when(j.start_time)) for j in running]))
     print(f"\nNodes: {sum(node.state == 'live' for node in nodes)} live")
     if nodes:
-        print(table(["NODE", "STATE", "RUNNING", "MAX_PROC", "LAST HEARTBEAT", "URL"],
-                    [(n.name, n.state, n.running, n.max_proc, f"{n.heartbeat_age:.1f}s ago", n.url) for n in nodes]))
+        print(table(["NODE", "STATE", "RUNNING", "MAX_PROC", "LAST HEARTBEAT", "URL", "TAGS"],
+                    [(n.name, n.state, n.running, n.max_proc, f"{n.heartbeat_age:.1f}s ago", n.url, ",".join(n.tags))
+                     for n in nodes]))
+    if unroutable:
+        print(f"\nUnroutable (pending, requiring tags no live node has): {sum(pool.jobs for pool in unroutable)}")
+        print(table(["TAGS", "PENDING"], [(",".join(pool.tags), pool.jobs) for pool in unroutable]))
     by_outcome = ", ".join(f"{outcome} {count}" for outcome, count in outcomes.items())
     print(f"\nFinished (kept): {sum(outcomes.values())}{f' ({by_outcome})' if by_outcome else ''}")
     if troubled:
@@ -249,7 +258,7 @@ def run_enqueue(args) -> int:
     with ThreadPoolExecutor(1) as writer:
         storing = writer.submit(store.enqueue_batches, args.project, taken(), progress.update)
         try:
-            for batch in _checked_batches(args.file, args.batch_size):
+            for batch in _checked_batches(args.file, args.batch_size, args.tags):
                 if not _hand_over(handed, batch, storing):
                     break  # the writer failed: its error is the answer
             _hand_over(handed, None, storing)
@@ -270,15 +279,19 @@ def run_enqueue(args) -> int:
     return 0
 
 
-def _checked_batches(file, size: int):
-    """The file's jobs, checked, in lists of ``size`` (line number, JobRequest); RefusedJob naming a bad line."""
+def _checked_batches(file, size: int, tags: str | None = None):
+    """The file's jobs, checked, in lists of ``size`` (line number, JobRequest); RefusedJob naming a bad line. ``tags``:
+    what a job without its own requires (``--tags``)."""
     from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, parse_json
 
     batch = []
     for number, text in enumerate(file, start=1):
         if text.strip():
             try:
-                batch.append((number, job_from_json(parse_json(text))))
+                job = parse_json(text)
+                if tags is not None and isinstance(job, dict):
+                    job.setdefault("tags", tags)
+                batch.append((number, job_from_json(job)))
             except (ValueError, RefusedJob) as e:
                 raise RefusedJob(f"line {number}: {e}") from None
             if len(batch) >= size:

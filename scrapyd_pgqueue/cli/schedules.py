@@ -45,6 +45,8 @@ def add_commands(commands, database_url_argument) -> None:
     add.add_argument("--stall-timeout", type=float, metavar="SECONDS",
                      help="each fired job's _stall_timeout: stopped after SECONDS without a request, response or "
                           "item, outcome stalled (default: the node's)")
+    add.add_argument("--tags", metavar="TAG,TAG",
+                     help="each fired job's _tags: only nodes with all of them run it (default: the spider's route)")
     listing = action(periodic, "list", run_list, "list the periodic jobs")
     listing.add_argument("--project", help="only this project's")
     for name, run, help_text in (
@@ -97,7 +99,7 @@ def run_add(args) -> int:
         job = periodic_job(
             args.name, args.project, args.spider, cron=args.cron, every=args.every, timezone=args.timezone,
             priority=args.priority, args=_pairs("-a", args.args), settings=_pairs("-s", args.settings),
-            overlap=args.overlap, max_runtime=args.max_runtime, stall_timeout=args.stall_timeout,
+            overlap=args.overlap, max_runtime=args.max_runtime, stall_timeout=args.stall_timeout, tags=args.tags,
         )
         due = _store(args).add_periodic(job)
     except (ValueError, RefusedJob, InvalidScheduleError, DuplicateScheduleError) as e:

@@ -184,7 +184,8 @@ class PostgresLauncher(Launcher):
     def register(self):
         try:
             self.store.register_node(
-                worker=pgconfig.WORKER_ID, name=self.settings.node_name, url=self.url, max_proc=self.max_proc
+                worker=pgconfig.WORKER_ID, name=self.settings.node_name, url=self.url, max_proc=self.max_proc,
+                tags=self.settings.node_tags,
             )
         except Exception as e:  # noqa: BLE001 - the heartbeat registers again once the database answers
             log.error("Could not register this node: {error}", error=e)

@@ -83,6 +83,7 @@ class PostgresPoller:
             free_slots,
             node=self.settings.node_name,
             worker=pgconfig.WORKER_ID,
+            tags=self.settings.node_tags,
         )
 
     def _claimed(self, result):

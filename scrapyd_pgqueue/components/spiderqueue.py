@@ -18,6 +18,7 @@ class PostgresSpiderQueue:
         self.store = JobStore.for_settings(settings)
         roles.warn_if_privileged(self.store.engine)  # once per process: the node's first queue, at start-up
         self.node = settings.node_name
+        self.node_tags = settings.node_tags
         self.default_retries = settings.default_retries
         self.project = project
 
@@ -30,7 +31,8 @@ class PostgresSpiderQueue:
         return self.store.enqueue(self.project, message, priority, options)
 
     def pop(self):
-        claimed = self.store.claim_next_jobs([self.project], 1, node=self.node, worker=pgconfig.WORKER_ID).jobs
+        claimed = self.store.claim_next_jobs([self.project], 1, node=self.node, worker=pgconfig.WORKER_ID,
+                                             tags=self.node_tags).jobs
         return claimed[0].message if claimed else None
 
     def count(self):

@@ -129,6 +129,7 @@ class Scheduler:
             "retries": follow_up.retries, "retry_delay": follow_up.retry_delay,
             "on_conflict": follow_up.on_conflict, "max_runtime": follow_up.max_runtime,
             "stall_timeout": follow_up.stall_timeout,
+            "tags": list(follow_up.tags) if isinstance(follow_up.tags, (list, tuple)) else follow_up.tags,
         }
         job.update((name, value) for name, value in optional.items() if value is not None)
         if follow_up.unique_key is not None:

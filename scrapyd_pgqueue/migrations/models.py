@@ -83,6 +83,9 @@ class SpiderJob(Base):
     # its node stops it (outcome 'timeout' or 'stalled'); NULL: the node's max_runtime and stall_timeout.
     max_runtime: Mapped[float | None]
     stall_timeout: Mapped[float | None]
+    # Node pools (0014): the tags the job requires, sorted and joined by commas ('': none); only a node with all of
+    # them claims it. Leading the pending indexes, it makes each pool's claim order an index range of its own.
+    pool: Mapped[str] = mapped_column(Text, server_default=text("''"))
 
     __table_args__ = (
         CheckConstraint(f"status IN {STATUSES}", name="spider_job_status_check"),
@@ -117,16 +120,18 @@ class SpiderJob(Base):
             postgresql_where=text("status = 'pending'"),
         ),
         Index("spider_job_ongoing_spider_idx", "project", "spider", postgresql_where=text("status = 'ongoing'")),
-        # Claim order across projects: a claim reads the head of this index, whatever the backlog.
+        # Claim order across projects, per pool: a claim reads the head of its pools, whatever the backlog.
         Index(
             "spider_job_pending_idx",
+            "pool",
             text("priority DESC"),
             "id",
             postgresql_where=text("status = 'pending'"),
         ),
-        # Claim order, count and list within one project (ISpiderQueue).
+        # Claim order, count and list within one project (ISpiderQueue), per pool.
         Index(
             "spider_job_pending_project_idx",
+            "pool",
             "project",
             text("priority DESC"),
             "id",
@@ -154,6 +159,8 @@ class ScrapydNode(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     stopped_time: Mapped[datetime.datetime | None] = mapped_column(DateTime(timezone=True))
+    # The node's tags (0014): it claims the jobs whose required tags it all has.
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     # Whether its poller has free slots and found nothing to claim (0016): a new job wakes nodes (NOTIFY) only
     # while one does. NULL (not said yet, or a node of an older version) counts as wanting.
     wants_work: Mapped[bool | None]
@@ -203,6 +210,18 @@ class SpiderLimit(Base):
     __table_args__ = (CheckConstraint("max_running > 0", name="spider_limit_max_running_check"),)
 
 
+class SpiderRoute(Base):
+    """The pool a spider's jobs go to when scheduled without _tags (migration 0014): routes for clients that know
+    nothing of tags."""
+
+    __tablename__ = "spider_route"
+
+    project: Mapped[str] = mapped_column(Text, primary_key=True)
+    spider: Mapped[str] = mapped_column(Text, primary_key=True)
+    pool: Mapped[str] = mapped_column(Text)
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
+
+
 class PeriodicJob(Base):
     """A job fired by a cron expression or every N seconds by whichever node is alive (migration 0004)."""
 
@@ -230,6 +249,8 @@ class PeriodicJob(Base):
     # Each firing's job's _max_runtime and _stall_timeout (0013).
     max_runtime: Mapped[float | None]
     stall_timeout: Mapped[float | None]
+    # Each firing's job's pool (0014); NULL: its spider's route at each firing.
+    pool: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="periodic_job_cron_or_every_check"),
@@ -339,3 +360,4 @@ class SpiderJobStaging(Base):
     tree_id: Mapped[int | None] = mapped_column(BigInteger)
     max_runtime: Mapped[float | None]
     stall_timeout: Mapped[float | None]
+    pool: Mapped[str | None] = mapped_column(Text)  # the job's own required tags; None: its spider's route

@@ -108,7 +108,8 @@ class LeaseKeeper(threading.Thread):
             crawl_stats.written(stats)
         if not tick.registered:
             self.store.register_node(
-                worker=pgconfig.WORKER_ID, name=settings.node_name, url=self.url, max_proc=self.max_proc
+                worker=pgconfig.WORKER_ID, name=settings.node_name, url=self.url, max_proc=self.max_proc,
+                tags=settings.node_tags,
             )
         now = time.monotonic()
         self.renewed_at = started

@@ -50,6 +50,7 @@ from scrapyd_pgqueue.store import (
     cancel_signal,
     local_time,
 )
+from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web.stored_logs import clamp_suffix_ranges, render_stored_log
 
 log = Logger()
@@ -72,10 +73,10 @@ class Status(DatabaseService):
         self.check_project(project)
         currstate = self.store.job_status(job, project)
         # Crawl trees: the job's parent and its tree's root (itself for a root), null for an unknown job.
-        lineage = self.store.lineage(job, project)
-        if lineage is None:
-            return {"currstate": currstate, "parent": None, "root": None}
-        return {"currstate": currstate, "parent": lineage.parent, "root": lineage.root}
+        parent, root = self.store.lineage(job, project) or (None, None)
+        # The tags a node needs to run it ([]: any node), null for an unknown job.
+        tags = PoolStore.for_engine(self.store.engine).required_tags(job, project)
+        return {"currstate": currstate, "parent": parent, "root": root, "tags": tags}
 
 
 class ListJobs(DatabaseService):
@@ -122,6 +123,7 @@ class ListJobs(DatabaseService):
             "args": {k: v for k, v in message.items() if k not in ("name", "_job", "_version", "settings")},
             # A delayed job's due time (ISO 8601, UTC offset); null for a job that runs as soon as a slot frees.
             "run_at": None if job.run_at is None else job.run_at.isoformat(),
+            "tags": job.tags,  # what a node needs to run it ([]: any node)
         }
 
     def running_entry(self, job):
@@ -135,6 +137,7 @@ class ListJobs(DatabaseService):
             "log_url": listjobs_log_url(job) if self.root.logs_dir else None,
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
+            "tags": job.tags,
             # Its stats as its node last wrote them (every stats_interval); finish_reason comes with its end.
             **stats_summary(job.stats), "finish_reason": None,
         }
@@ -149,6 +152,7 @@ class ListJobs(DatabaseService):
             "log_url": listjobs_log_url(job) if job.has_log else self.root.get_log_url(job),
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
+            "tags": job.tags,
             "outcome": job.outcome,
             **stats_summary(job.stats),  # items, requests, errors, finish_reason
         }
@@ -184,6 +188,7 @@ class DaemonStatus(DatabaseService):
             "pending": cluster.pending,
             "running": len(self.root.launcher.processes),
             "finished": min(cluster.finished, self.settings.finished_to_keep),
+            "unroutable": cluster.unroutable,  # pending jobs requiring tags no live node has (also in cluster)
             "cluster": dataclasses.asdict(cluster),
         }
 

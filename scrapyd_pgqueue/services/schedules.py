@@ -47,8 +47,9 @@ class AddPeriodic(ScheduleResource):
     @param("setting", required=False, default=list, multiple=True)
     @param("_max_runtime", dest="max_runtime", required=False)
     @param("_stall_timeout", dest="stall_timeout", required=False)
+    @param("_tags", dest="tags", required=False)
     def render_POST(self, txrequest, name, project, spider, cron, every, timezone, priority, overlap, setting,
-                    max_runtime, stall_timeout):
+                    max_runtime, stall_timeout, tags):
         self.check_project(project)
         if spider not in spider_list.get(project, None, runner=self.root.runner):
             raise refuse(f"spider '{spider}' not found")
@@ -57,7 +58,7 @@ class AddPeriodic(ScheduleResource):
             settings = dict(_setting(value) for value in setting)
             job = periodic_job(name, project, spider, cron=cron, every=every, timezone=timezone, priority=priority,
                                args=args, settings=settings, overlap=overlap, max_runtime=max_runtime,
-                               stall_timeout=stall_timeout)
+                               stall_timeout=stall_timeout, tags=tags)
             due = self.schedules.add_periodic(job)
         except (RefusedJob, InvalidScheduleError, DuplicateScheduleError) as e:
             raise refuse(str(e)) from e

@@ -28,6 +28,8 @@ One module per concern:
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
 - ``schedules``: periodic jobs (the operator's, and their firing by every node) and per-spider limits (``ScheduleStore``).
 - ``timing``: when a periodic job is due (pure functions, no SQL).
+- ``pools``: node pools: tags (checked, as a job's pool), routes per spider, pools no live node can run
+  (``PoolStore``).
 - ``webhooks``: the operator's webhooks, the outbox steps the statements that cause events carry, and the claim and
   record of deliveries (``WebhookStore``).
 """

@@ -23,6 +23,7 @@ from scrapyd_pgqueue.store.base import (
     read_rows,
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
+from scrapyd_pgqueue.store.pools import UNROUTABLE_POOLS_SQL, pool_tags
 from scrapyd_pgqueue.store.trees import TreeQueries
 from scrapyd_pgqueue.store.webhooks import job_events
 
@@ -38,6 +39,12 @@ class PendingJob:
     job: str
     message: dict[str, Any]
     run_at: datetime.datetime | None = None  # a delayed job's due time
+    pool: str = ""  # the tags it requires, joined (store/pools.py)
+
+    @property
+    def tags(self) -> list[str]:
+        """The tags a node needs to run it."""
+        return pool_tags(self.pool)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,12 @@ class RunningJob:
     node: str | None
     worker: str | None
     stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
+    pool: str = ""  # the tags it requires, joined (store/pools.py)
+
+    @property
+    def tags(self) -> list[str]:
+        """The tags a node needs to run it."""
+        return pool_tags(self.pool)
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,12 @@ class FinishedJobRow:
     outcome: str | None
     has_log: bool
     stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
+    pool: str = ""  # the tags it required, joined (store/pools.py)
+
+    @property
+    def tags(self) -> list[str]:
+        """The tags a node needs to run it."""
+        return pool_tags(self.pool)
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,7 @@ class ClusterCounts:
     delayed: int = 0  # waiting for their time (capped like pending)
     past_due: int = 0  # pending for longer than past_due_seconds since due (capped like pending)
     dead: int = 0  # out of retries, kept until requeued
+    unroutable: int = 0  # pending, requiring tags no live node has all of (capped like pending, per tag set)
 
 
 def cancel_signal(value: str) -> str:
@@ -122,17 +142,21 @@ class StoredLog:
 
 
 # One page of waiting jobs (of :project, all when NULL) in run order: pending ones in claim order, then delayed ones
-# by due time. Each part reads the head of its index (spider_job_pending_idx or the per-project one;
-# spider_job_delayed_idx) up to :offset + :limit rows, so a page costs its size plus the offset, never the backlog.
-# :offset + :limit is a bigint: the largest offset leaves room for any limit.
+# by due time. Each part reads the head of its index (spider_job_pending_idx or the per-project one, each pool's range
+# merged by priority; spider_job_delayed_idx) up to :offset + :limit rows, so a page costs its size plus the offset
+# (times the pending pools), never the backlog. :offset + :limit is a bigint: the largest offset leaves room for any
+# limit.
 MAX_PENDING_OFFSET = 2**62
 PENDING_PAGE = text("""
-    SELECT project, job, message, run_at FROM (
-        (SELECT 0 AS part, project, job, message, NULL::timestamptz AS run_at, priority, id FROM spider_job
-         WHERE status = 'pending' AND (CAST(:project AS text) IS NULL OR project = :project)
-         ORDER BY priority DESC, id LIMIT :offset + :limit)
+    SELECT project, job, message, run_at, pool FROM (
+        (SELECT 0 AS part, head.* FROM spider_job_pending_pools() AS pending(pool), LATERAL (
+             SELECT project, job, message, NULL::timestamptz AS run_at, priority, id, pool FROM spider_job
+             WHERE status = 'pending' AND pool = pending.pool
+               AND (CAST(:project AS text) IS NULL OR project = :project)
+             ORDER BY priority DESC, id LIMIT :offset + :limit) AS head
+         ORDER BY head.priority DESC, head.id LIMIT :offset + :limit)
         UNION ALL
-        (SELECT 1, project, job, message, run_at, priority, id FROM spider_job
+        (SELECT 1, project, job, message, run_at, priority, id, pool FROM spider_job
          WHERE status = 'delayed' AND (CAST(:project AS text) IS NULL OR project = :project)
          ORDER BY run_at, id LIMIT :offset + :limit)
     ) AS waiting
@@ -147,7 +171,7 @@ STATS_SUMMARY = "CASE WHEN j.stats IS NOT NULL THEN jsonb_build_object({}) END A
 
 # The running jobs (of :project, all when NULL) of every node: bounded by the cluster's process slots.
 RUNNING_JOBS = text(f"""
-    SELECT id, project, spider, job, pid, start_time, node, worker, {STATS_SUMMARY} FROM spider_job AS j
+    SELECT id, project, spider, job, pid, start_time, node, worker, {STATS_SUMMARY}, pool FROM spider_job AS j
     WHERE status = 'ongoing' AND (CAST(:project AS text) IS NULL OR project = :project)
     ORDER BY start_time, id
 """)
@@ -156,7 +180,7 @@ RUNNING_JOBS = text(f"""
 # Reads spider_job_terminated_idx; terminated rows are pruned to finished_to_keep.
 FINISHED_JOBS = text(f"""
     SELECT j.id, j.project, j.spider, j.job, j.start_time, j.end_time, j.node, j.outcome,
-           EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log, {STATS_SUMMARY}
+           EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log, {STATS_SUMMARY}, j.pool
     FROM spider_job AS j
     WHERE j.status = 'terminated' AND (CAST(:project AS text) IS NULL OR j.project = :project)
     ORDER BY j.end_time DESC, j.id DESC
@@ -167,8 +191,9 @@ FINISHED_JOBS = text(f"""
 # a range of spider_job_pending_due_idx) are counted up to :cap only (an exact count of a huge backlog is a scan
 # costing tens of milliseconds per request), with the planner's estimate of the pending index's size for beyond;
 # running and finished jobs are few (process slots; pruned to finished_to_keep); live nodes are those not stopped
-# whose heartbeat is within :lease_seconds (database clock).
-CLUSTER_COUNTS = text("""
+# whose heartbeat is within :lease_seconds (database clock); unroutable jobs are the pending ones of the pools no live
+# node can run (store/pools.py: one probe per pending pool).
+CLUSTER_COUNTS = text(f"""
     SELECT (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'pending' LIMIT :cap) AS capped)
                AS pending_counted,
            (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'delayed' LIMIT :cap) AS capped)
@@ -182,7 +207,8 @@ CLUSTER_COUNTS = text("""
            (SELECT count(*) FROM spider_job WHERE status = 'ongoing') AS running,
            (SELECT count(*) FROM spider_job WHERE status = 'terminated') AS finished,
            (SELECT count(*) FROM scrapyd_node
-            WHERE stopped_time IS NULL AND heartbeat_time > now() - make_interval(secs => :lease_seconds)) AS nodes
+            WHERE stopped_time IS NULL AND heartbeat_time > now() - make_interval(secs => :lease_seconds)) AS nodes,
+           (SELECT coalesce(sum(unroutable.jobs), 0) FROM ({UNROUTABLE_POOLS_SQL}) AS unroutable) AS unroutable
 """)
 
 # Cancel a waiting (pending or delayed) job: terminated as 'cancelled' (end at the cancel), so it never starts (nor
@@ -299,7 +325,8 @@ class AllJobsStore(StorePerEngine, OperatorQueries, TreeQueries):
         exact = row.pending_counted < PENDING_COUNT_CAP
         pending = row.pending_counted if exact else max(PENDING_COUNT_CAP, int(row.pending_estimate or 0))
         return ClusterCounts(
-            pending, exact, row.running, row.finished, row.nodes, row.delayed, row.past_due, row.dead
+            pending, exact, row.running, row.finished, row.nodes, row.delayed, row.past_due, row.dead,
+            int(row.unroutable),
         )
 
     @database_errors

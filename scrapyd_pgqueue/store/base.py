@@ -77,6 +77,7 @@ class JobOptions:
     on_complete_args: dict[str, str] | None = None
     max_runtime: float | None = None  # seconds the crawl may run before its node stops it ("timeout")
     stall_timeout: float | None = None  # seconds without a new request, response or item before it does ("stalled")
+    tags: tuple[str, ...] | None = None  # the tags a node needs to run it (checked, sorted); None: its spider's route
 
 
 NO_OPTIONS = JobOptions()

@@ -26,6 +26,7 @@ from scrapyd_pgqueue.store.base import (
     check_priority,
     encode_message,
 )
+from scrapyd_pgqueue.store.pools import pool_key
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -40,15 +41,18 @@ from scrapyd_pgqueue.store.base import (
 # priority, arguments and settings for the keys in :replace_keys, unchanged otherwise, its job id kept; RETURNING
 # says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
 # answer (:answer_by, database clock): a statement that reaches a stalled server and runs after the caller gave up and
-# answered "error" must not leave a ghost job behind.
+# answered "error" must not leave a ghost job behind. A job's pool (the tags it requires) is its own _tags, else its
+# spider's route (spider_route's primary key: one probe per job), else '' (any node).
 INSERT_BATCH = """
     WITH {batch}, inserted AS (
         INSERT INTO spider_job AS j ({id}project, spider, job, version, priority, message, status, run_at, unique_key,
                                      retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime,
-                                     stall_timeout, created_time)
+                                     stall_timeout, pool, created_time)
         SELECT {id}:project, spider, job, version, priority, message,
                CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
                unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout,
+               coalesce(pool, (SELECT r.pool FROM spider_route AS r
+                               WHERE r.project = :project AND r.spider = due_batch.spider), ''),
                now()
         FROM (SELECT b.*, coalesce(to_timestamp(b.run_at_epoch), now() + make_interval(secs => b.delay)) AS due
               FROM batch AS b) AS due_batch
@@ -56,14 +60,14 @@ INSERT_BATCH = """
         ORDER BY n
         ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
         DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime,
-                       stall_timeout) = (
+                       stall_timeout, pool) = (
             SELECT EXCLUDED.spider, EXCLUDED.version, EXCLUDED.priority,
                    EXCLUDED.message || jsonb_build_object('_job', j.job), EXCLUDED.status, EXCLUDED.run_at,
-                   EXCLUDED.retries, EXCLUDED.retry_delay, EXCLUDED.max_runtime, EXCLUDED.stall_timeout
+                   EXCLUDED.retries, EXCLUDED.retry_delay, EXCLUDED.max_runtime, EXCLUDED.stall_timeout, EXCLUDED.pool
             WHERE EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
             UNION ALL
             SELECT j.spider, j.version, j.priority, j.message, j.status, j.run_at, j.retries, j.retry_delay,
-                   j.max_runtime, j.stall_timeout
+                   j.max_runtime, j.stall_timeout, j.pool
             WHERE NOT EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
         )
         RETURNING j.id, j.job, j.unique_key, j.xmax <> 0 AS existing
@@ -76,7 +80,7 @@ INSERT_BATCH = """
 # The columns of a batch's row (a staged row's after id and n).
 ENQUEUE_COLUMNS = (
     "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
-    "periodic", "parent", "parent_id", "tree_id", "max_runtime", "stall_timeout",
+    "periodic", "parent", "parent_id", "tree_id", "max_runtime", "stall_timeout", "pool",
 )
 
 # A batch arrives as one JSON array of its rows (ENQUEUE_JOBS' :rows, ``json_rows``): one parameter, parsed by the
@@ -86,9 +90,10 @@ ENQUEUE_JOBS = text(INSERT_BATCH.format(id="", batch="""batch AS (
                  spider text, job text, version text, priority double precision, message jsonb,
                  run_at double precision, delay double precision, unique_key text, retries integer,
                  retry_delay double precision, periodic text, parent text, parent_id bigint, tree_id bigint,
-                 max_runtime double precision, stall_timeout double precision))
+                 max_runtime double precision, stall_timeout double precision, pool text))
              WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
-                                  retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, n)
+                                  retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, pool,
+                                  n)
     )"""))
 
 # --- operations ------------------------------------------------------------------------------------------------
@@ -173,6 +178,7 @@ def _job_row(project: str, message: dict[str, Any], priority: float, options: Jo
         "periodic": options.periodic,
         "max_runtime": options.max_runtime,
         "stall_timeout": options.stall_timeout,
+        "pool": None if options.tags is None else pool_key(options.tags),
     }
 
 

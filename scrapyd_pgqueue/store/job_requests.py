@@ -19,6 +19,7 @@ import msgspec
 from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, UNIQUE_SCOPES, InvalidJobError, JobOptions
 from scrapyd_pgqueue.store.base import check_priority as priority_rule
 from scrapyd_pgqueue.store.base import is_finite
+from scrapyd_pgqueue.store.pools import InvalidTagsError, parse_tags
 
 # Jobs one schedule_batch.json request may carry (the command streams any number, in batches of this size).
 MAX_BATCH_JOBS = 10_000
@@ -36,6 +37,7 @@ OPTION_FIELDS = {
     "_on_complete_args": "on_complete_args",
     "_max_runtime": "max_runtime",
     "_stall_timeout": "stall_timeout",
+    "_tags": "tags",
 }
 # The keys of a batch's job object.
 JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()}
@@ -200,8 +202,19 @@ def _options(given: dict[str, Any], default_retries: int) -> JobOptions:
     run_at = None if given.get("run_at") is None else _run_at(given["run_at"])
     return JobOptions(
         run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0), **_tree_options(given),
-        **watchdog_limits(given),
+        **watchdog_limits(given), tags=required_tags(given.get("tags")),
     )
+
+
+def required_tags(given: Any) -> tuple[str, ...] | None:
+    """The tags a job requires (a comma-separated string, or a JSON list of strings), checked and sorted; None when
+    not given (its spider's route applies); an empty string or list requires none, whatever the route."""
+    if given is None:
+        return None
+    try:
+        return parse_tags(given)
+    except InvalidTagsError as e:
+        raise RefusedJob(f"_tags: {e}") from None
 
 
 def watchdog_limits(given: dict[str, Any]) -> dict[str, float | None]:
@@ -363,7 +376,7 @@ def _strings(what: str, values: Any) -> dict[str, str]:
 
 
 def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC", priority=0.0, args=None,
-                 settings=None, overlap="skip", max_runtime=None, stall_timeout=None):
+                 settings=None, overlap="skip", max_runtime=None, stall_timeout=None, tags=None):
     """A PeriodicJob checked by schedule.json's rules for what reaches the crawl (RefusedJob or
     InvalidScheduleError say why not)."""
     from scrapyd_pgqueue.store import PeriodicJob, Timing, check_timing
@@ -372,4 +385,4 @@ def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC"
     job_from_json({"spider": spider, "args": args or {}, "settings": settings or {}})  # RefusedJob: what is wrong
     limits = watchdog_limits({"max_runtime": max_runtime, "stall_timeout": stall_timeout})
     return PeriodicJob(name, project, spider, timing, check_priority(priority), dict(args or {}),
-                       dict(settings or {}), overlap, **limits)
+                       dict(settings or {}), overlap, **limits, tags=required_tags(tags))

@@ -37,10 +37,10 @@ class ReleasedJob:
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Register this Scrapyd process (or refresh it after a reconnect); its heartbeat starts now.
+# Register this Scrapyd process (or refresh it after a reconnect) with its tags; its heartbeat starts now.
 REGISTER_NODE = text("""
-    INSERT INTO scrapyd_node (id, name, url, max_proc) VALUES (:worker, :name, :url, :max_proc)
-    ON CONFLICT (id) DO UPDATE SET heartbeat_time = now(), stopped_time = NULL
+    INSERT INTO scrapyd_node (id, name, url, max_proc, tags) VALUES (:worker, :name, :url, :max_proc, :tags)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_time = now(), stopped_time = NULL, tags = EXCLUDED.tags
     RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
 """)
 
@@ -252,10 +252,11 @@ class NodeLeases:
     engine: Engine
 
     @database_errors
-    def register_node(self, *, worker: str, name: str, url: str | None, max_proc: int | None) -> None:
+    def register_node(self, *, worker: str, name: str, url: str | None, max_proc: int | None,
+                      tags: Iterable[str] = ()) -> None:
         with db.autocommit(self.engine) as connection:
             sent = time.time()
-            params = {"worker": worker, "name": name, "url": url, "max_proc": max_proc}
+            params = {"worker": worker, "name": name, "url": url, "max_proc": max_proc, "tags": list(tags)}
             database_clock = connection.execute(REGISTER_NODE, params).scalar()
         db.learn_clock_offset(database_clock, sent, time.time())  # before this node claims anything
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scrapyd_pgqueue.store import db
@@ -30,6 +30,7 @@ class NodeRow:
     heartbeat_age: float  # seconds since its last heartbeat (database clock)
     running: int
     started_time: datetime.datetime
+    tags: list[str] = field(default_factory=list)  # what it may run: jobs requiring a subset of them
 
 
 # --- operator command ---
@@ -83,7 +84,7 @@ REQUEUE_DEAD = text(f"""
 
 # Node processes not stopped, and those stopped within :recent_seconds, each with its running jobs and its state.
 NODES = text("""
-    SELECT n.name, n.url, n.max_proc, n.started_time,
+    SELECT n.name, n.url, n.max_proc, n.started_time, n.tags,
            CAST(extract(epoch FROM now() - n.heartbeat_time) AS double precision) AS heartbeat_age,
            CASE WHEN n.stopped_time IS NOT NULL THEN 'stopped'
                 WHEN n.heartbeat_time > now() - make_interval(secs => :lease_seconds) THEN 'live'

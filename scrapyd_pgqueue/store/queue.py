@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from scrapyd_pgqueue.store import db, waits
 from scrapyd_pgqueue.store.pool import Engine
@@ -30,12 +30,29 @@ from scrapyd_pgqueue.store.nodes import NodeLeases
 # --- queries ---------------------------------------------------------------------------------------------------
 
 # Claim the next :limit pending jobs of :projects (all when NULL) for this node, in one round trip: the database
-# function claim_spider_jobs. Its SQL, and the reason for each of its steps, are in store/schema.sql. Its rows: the
-# jobs claimed, then a summary row (id NULL) unless the first statement filled every slot.
+# function claim_spider_jobs. Its SQL, and the reason for each of its steps, are in store/schema.sql. Its rows
+# (ClaimRow): the jobs claimed, then a summary row (id NULL) unless the first statement filled every slot. A node
+# without tags leaves out p_tags (its default: none), so its statement is the one every schema since 0006 answers.
 CLAIM_NEXT_JOBS = """
     SELECT id, project, job, attempts, message, priority, waited, promoted, next_due_in
     FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s)
 """
+# The same for a node with :tags: only the jobs whose required tags it all has (migration 0014).
+CLAIM_NEXT_JOBS_WITH_TAGS = CLAIM_NEXT_JOBS.replace("%(channel)s)", "%(channel)s, CAST(%(tags)s AS text[]))")
+
+
+class ClaimRow(NamedTuple):
+    """A row of CLAIM_NEXT_JOBS, in its columns' order (the driver's plain tuples, named without a copy per field)."""
+
+    id: int | None
+    project: str | None
+    job: str | None
+    attempts: int | None
+    message: dict[str, Any] | None
+    priority: float | None
+    waited: float | None
+    promoted: int | None  # on the summary row: delayed jobs that became due
+    next_due_in: float | None  # seconds until the next delayed job is due
 
 # Whether any of :projects (all when NULL) has a pending job: an index probe, unlike COUNT(*).
 HAS_PENDING = text("""
@@ -52,12 +69,17 @@ NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 COUNT_PENDING = text("SELECT count(*) FROM spider_job WHERE status IN ('delayed', 'pending') AND project = :project")
 
 # The waiting messages of a project in run order, at most :limit (all when NULL): pending in claim order, then
-# delayed by due time. Each part reads its own index in order (spider_job_pending_project_idx,
-# spider_job_delayed_project_idx) up to :limit, so the first hundred of a big backlog cost what a small one does.
+# delayed by due time. Each part reads its own index in order (spider_job_pending_project_idx, each pool's range
+# merged by priority; spider_job_delayed_project_idx) up to :limit, so the first hundred of a big backlog cost what a
+# small one does.
 LIST_PENDING = text("""
     SELECT id, message FROM (
-        (SELECT 0 AS part, id, message, priority, NULL::timestamptz AS run_at FROM spider_job
-         WHERE status = 'pending' AND project = :project ORDER BY priority DESC, id LIMIT :limit)
+        (SELECT 0 AS part, head.id, head.message, head.priority, NULL::timestamptz AS run_at
+         FROM spider_job_pending_pools() AS pending(pool), LATERAL (
+             SELECT id, message, priority FROM spider_job
+             WHERE status = 'pending' AND pool = pending.pool AND project = :project
+             ORDER BY priority DESC, id LIMIT :limit) AS head
+         ORDER BY head.priority DESC, head.id LIMIT :limit)
         UNION ALL
         (SELECT 1, id, message, priority, run_at FROM spider_job
          WHERE status = 'delayed' AND project = :project ORDER BY run_at, id LIMIT :limit)
@@ -178,25 +200,27 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         return [known[index] if index in known else next(placed) for index in range(len(rows))]
 
     @database_errors
-    def claim_next_jobs(self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str) -> Claim:
-        """Move up to ``limit`` of the best pending jobs to ``ongoing`` for this node, in claim order (``.jobs``);
-        say too what the poller needs for its next claim: delayed jobs that became due, and when the next one will."""
+    def claim_next_jobs(self, projects: Iterable[str] | None, limit: int, *, node: str, worker: str,
+                        tags: Iterable[str] = ()) -> Claim:
+        """Move up to ``limit`` of the best pending jobs that a node with ``tags`` may run to ``ongoing`` for this
+        node, in claim order (``.jobs``); say too what the poller needs for its next claim: delayed jobs that became
+        due, and when the next one will."""
         params = {"limit": max(limit, 0), "node": node, "worker": worker, "channel": NOTIFY_CHANNEL,
-                  "projects": None if projects is None else list(projects)}
+                  "projects": None if projects is None else list(projects), "tags": list(tags)}
         if params["projects"] == []:
             return Claim([], 0, None)
         # Without the SET LOCAL timeouts: the function sets its own lock_timeout, and each of its statements reads
         # a bounded head of an index (no statement_timeout needed; the caller's deadline bounds its wait).
-        rows = db.fetch_all(self.engine, CLAIM_NEXT_JOBS, params, timeouts=False)  # in CLAIM_NEXT_JOBS's columns
-        jobs = sorted((row for row in rows if row[0] is not None), key=lambda row: (-row[5], row[0]))
+        statement = CLAIM_NEXT_JOBS_WITH_TAGS if params["tags"] else CLAIM_NEXT_JOBS
+        rows = [ClaimRow._make(row) for row in db.fetch_all(self.engine, statement, params, timeouts=False)]
+        jobs = sorted((row for row in rows if row.id is not None), key=lambda row: (-row.priority, row.id))
         # The summary row (id NULL) comes last; a claim that filled its slots at once has none, and its rows carry
         # the next due time themselves (nothing became due).
-        summary = rows[-1] if rows[-1][0] is None else (None, None, None, None, None, None, None, 0, rows[0][8])
+        summary = rows[-1] if rows[-1].id is None else rows[0]._replace(promoted=0)
         return Claim(
-            [ClaimedJob(id, project, job, attempts, message, waited)
-             for id, project, job, attempts, message, _, waited, _, _ in jobs],
-            summary[7] or 0,
-            None if summary[8] is None else float(summary[8]),
+            [ClaimedJob(row.id, row.project, row.job, row.attempts, row.message, row.waited) for row in jobs],
+            summary.promoted or 0,
+            None if summary.next_due_in is None else float(summary.next_due_in),
         )
 
     @database_errors

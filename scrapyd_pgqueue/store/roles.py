@@ -37,6 +37,7 @@ NODE_TABLES = {
     "periodic_job": ROW_RIGHTS,
     "scrapyd_node": ROW_RIGHTS,
     "spider_limit": ROW_RIGHTS,
+    "spider_route": ROW_RIGHTS,  # routes are read by every enqueue; the operator's command writes them
     "spider_tree": ROW_RIGHTS,
     "spider_tree_key": ROW_RIGHTS,
     "webhook": ROW_RIGHTS,  # the operator's hooks: nodes read them to deliver and count what they delivered
@@ -48,8 +49,10 @@ NODE_TABLES = {
 NODE_SEQUENCES = ("project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_id_seq", "webhook_event_id_seq",
                   "webhook_id_seq")  # USAGE: nextval
 NODE_FUNCTIONS = (  # EXECUTE; as oidvectortypes() prints their arguments
-    "claim_spider_jobs(text[], integer, text, text, text)",
+    "claim_spider_jobs(text[], integer, text, text, text, text[])",
     "scrapyd_pgqueue_wanted_nodes(integer)",
+    "scrapyd_pgqueue_wanted_nodes(integer, text[])",
+    "spider_job_pending_pools()",
     "spider_job_running(text, text)",
     "spider_tree_count()",
 )

@@ -28,6 +28,7 @@ from scrapyd_pgqueue.store.base import (
     encode_message,
     read_rows,
 )
+from scrapyd_pgqueue.store.pools import pool_key, pool_tags
 from scrapyd_pgqueue.store.webhooks import periodic_skipped_events
 from scrapyd_pgqueue.store.timing import (
     InvalidScheduleError,
@@ -61,9 +62,9 @@ DATABASE_NOW = text("SELECT now()")
 ADD_PERIODIC = text("""
     WITH added AS (
         INSERT INTO periodic_job (name, project, spider, cron, timezone, every_seconds, priority, args, settings,
-                                  overlap, max_runtime, stall_timeout, next_fire_time)
+                                  overlap, max_runtime, stall_timeout, pool, next_fire_time)
         VALUES (:name, :project, :spider, :cron, :timezone, :every_seconds, :priority, CAST(:args AS jsonb),
-                CAST(:settings AS jsonb), :overlap, :max_runtime, :stall_timeout, :next_fire_time)
+                CAST(:settings AS jsonb), :overlap, :max_runtime, :stall_timeout, :pool, :next_fire_time)
         RETURNING name
     )
     SELECT name, pg_notify(:channel, name) FROM added
@@ -73,7 +74,7 @@ ADD_PERIODIC = text("""
 LIST_PERIODIC = text("""
     SELECT p.name, p.project, p.spider, p.cron, p.timezone, p.every_seconds, p.priority, p.args, p.settings,
            p.overlap, p.paused, p.next_fire_time, p.last_fire_time, p.last_job, p.fired, p.skipped, p.created_time,
-           p.max_runtime, p.stall_timeout,
+           p.max_runtime, p.stall_timeout, p.pool,
            (SELECT j.status FROM spider_job AS j WHERE j.id = p.last_job_id) AS last_status
     FROM periodic_job AS p
     WHERE CAST(:project AS text) IS NULL OR p.project = :project
@@ -113,7 +114,7 @@ NEXT_FIRE_IN = text("""
 # last firing's job still waits or runs (overlap = skip holds the next firing).
 LOCK_DUE_PERIODIC = text("""
     SELECT p.name, p.project, p.spider, p.cron, p.timezone, p.every_seconds, p.priority, p.args, p.settings,
-           p.overlap, p.max_runtime, p.stall_timeout, p.next_fire_time, now() AS now,
+           p.overlap, p.max_runtime, p.stall_timeout, p.pool, p.next_fire_time, now() AS now,
            EXISTS (SELECT 1 FROM spider_job AS j
                    WHERE j.id = p.last_job_id AND j.status IN ('delayed', 'pending', 'ongoing')) AS busy
     FROM periodic_job AS p
@@ -183,6 +184,7 @@ class PeriodicJob:
     overlap: str = "skip"
     max_runtime: float | None = None  # each fired job's _max_runtime and _stall_timeout
     stall_timeout: float | None = None
+    tags: tuple[str, ...] | None = None  # each fired job's _tags (checked); None: its spider's route at each firing
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,11 @@ class PeriodicJobRow:
     created_time: datetime.datetime
     max_runtime: float | None = None
     stall_timeout: float | None = None
+    pool: str | None = None  # each fired job's required tags, joined; None: its spider's route
+
+    @property
+    def tags(self) -> list[str] | None:
+        return None if self.pool is None else pool_tags(self.pool)
 
 
 @dataclass(frozen=True)
@@ -318,7 +325,8 @@ class ScheduleStore(StorePerEngine):
             cas["next_fire_time"] = first_due_after(Timing(row.cron, row.timezone, row.every_seconds), row.now,
                                                     row.next_fire_time)
             message = {**row.args, "name": row.spider, "_job": uuid.uuid1().hex, "settings": row.settings}
-            options = JobOptions(periodic=row.name, max_runtime=row.max_runtime, stall_timeout=row.stall_timeout)
+            options = JobOptions(periodic=row.name, max_runtime=row.max_runtime, stall_timeout=row.stall_timeout,
+                                 tags=None if row.pool is None else tuple(pool_tags(row.pool)))
             rows = enqueue.job_rows(row.project, [(message, row.priority, options)], False)
         except (ValueError, TypeError, KeyError) as e:  # stored by hand, or the time zone database changed
             firing.broken.append((row.name, str(e)))
@@ -382,7 +390,8 @@ def _periodic_params(job: PeriodicJob) -> dict[str, Any]:
         "spider": _name("spider", job.spider), "cron": job.timing.cron, "timezone": job.timing.timezone,
         "every_seconds": job.timing.every_seconds, "priority": priority, "args": encoded[0],
         "settings": encoded[1], "overlap": job.overlap, "max_runtime": job.max_runtime,
-        "stall_timeout": job.stall_timeout, "channel": PERIODIC_CHANNEL,
+        "stall_timeout": job.stall_timeout, "pool": None if job.tags is None else pool_key(job.tags),
+        "channel": PERIODIC_CHANNEL,
     }
 
 

@@ -24,9 +24,10 @@ AS $function$
     $function$;
 
 
--- The claim (0006; 0007 stamps start_time with the database's clock; 0009 adds the first statement and plans once):
--- the next p_limit pending jobs of p_projects (all when NULL) move to 'ongoing' for node p_node (process p_worker), in
--- one round trip. The store calls it (store/queue.py, CLAIM_NEXT_JOBS). Each step is shaped for concurrency, and for
+-- The claim (0006; 0007 stamps start_time with the database's clock; 0009 adds the first statement and plans once;
+-- 0014 claims by pool): the next p_limit pending jobs of p_projects (all when NULL) that a node with tags p_tags may
+-- run (each job's pool, its required tags joined, a subset of them) move to 'ongoing' for node p_node (process
+-- p_worker), in one round trip. The store calls it (store/queue.py, CLAIM_NEXT_JOBS). Each step is shaped for concurrency, and for
 -- a cost that does not grow with the backlog.
 --
 -- Why a function, planned once: planning a claim costs more than running it (0.2-0.4 ms against 0.1-0.2 ms on
@@ -40,7 +41,7 @@ AS $function$
 -- are held only for this call. The rows returned: the jobs claimed, then a summary row (id NULL: how many delayed
 -- jobs became due, and in how many seconds the next one is; the poller sets its timer by it), except when the first
 -- statement filled every slot: its rows carry the next due time themselves.
-CREATE OR REPLACE FUNCTION claim_spider_jobs(p_projects text[], p_limit integer, p_node text, p_worker text, p_channel text)
+CREATE OR REPLACE FUNCTION claim_spider_jobs(p_projects text[], p_limit integer, p_node text, p_worker text, p_channel text, p_tags text[] DEFAULT NULL::text[])
  RETURNS TABLE(id bigint, project text, job text, attempts integer, message jsonb, priority double precision, waited double precision, promoted bigint, next_due_in double precision)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -49,40 +50,48 @@ CREATE OR REPLACE FUNCTION claim_spider_jobs(p_projects text[], p_limit integer,
 AS $function$
     #variable_conflict use_column
     DECLARE
-        v_hot boolean := p_limit > 0 AND coalesce(cardinality(p_projects) = 1, false);
+        v_tagged boolean;
+        v_hot boolean := p_limit > 0 AND coalesce(cardinality(p_projects) = 1, false)
+                         AND coalesce(cardinality(p_tags), 0) = 0;
         v_claimed bigint := 0;
         v_round integer;
         v_promoted bigint := 0;
         v_next_due timestamptz;
         v_limited boolean;
+        v_pools text[];
         v_projects text := CASE WHEN p_projects IS NULL THEN 'true'
                                 WHEN cardinality(p_projects) = 1 THEN 'project = $1[1]'
                                 ELSE 'project = ANY($1)' END;
+        v_unlimited text;
+        v_next text;
     BEGIN
-        -- One project (ISpiderQueue.pop, a node with one project), the hot path: one statement, nothing read
-        -- before it. It claims only when no limit applies to the project and none of its delayed jobs is due (two
-        -- probes of small indexes, evaluated once, in the same statement): then claim order is the pending index's.
-        -- The head of spider_job_pending_project_idx in (project, priority DESC, id) order. The project is a range
-        -- from itself to itself, not an equality: this plan is made once for any project, and with = its estimate
-        -- is the average project's, for which reading spider_job_pending_idx and passing over other projects' jobs
-        -- looks as cheap (a small project behind a big one would read the big one's backlog on every claim); only
-        -- spider_job_pending_project_idx gives rows in this order. FOR UPDATE SKIP LOCKED:
-        -- concurrent claimers pass over each other's rows instead of queueing behind them; LIMIT = the caller's free
-        -- slots (a node never takes more than it can start); id = ANY(ARRAY(...)) updates the locked rows through the
-        -- primary key, whatever LIMIT is. start_time is the database's clock (0007), like every time the nodes
-        -- compare. Each row carries the next due time (the head of spider_job_delayed_project_idx). Slots filled:
-        -- the call ends here.
+        -- One project (ISpiderQueue.pop, a node with one project) on a node without tags, the hot path: one
+        -- statement, nothing read before it. It claims only when no limit applies to the project and none of its
+        -- delayed jobs is due (two probes of small indexes, evaluated once, in the same statement): then claim order
+        -- is the pending index's. The head of pool '' (jobs that require no tag: the only ones a node without tags
+        -- may run) of that project in spider_job_pending_project_idx, in (pool, project, priority DESC, id) order:
+        -- the pool is an equality on the index's first column, so a node without tags never reads a tagged job.
+        -- The project is a range from itself to itself, not an equality: this plan is made once for any project,
+        -- and with = its estimate is the average project's, for which reading spider_job_pending_idx and passing
+        -- over other projects' jobs looks as cheap (a small project behind a big one would read the big one's
+        -- backlog on every claim); only spider_job_pending_project_idx gives rows in this order. FOR UPDATE SKIP
+        -- LOCKED: concurrent claimers pass over each other's rows instead of queueing behind them; LIMIT = the
+        -- caller's free slots (a node never takes more than it can start); id = ANY(ARRAY(...)) updates the locked
+        -- rows through the primary key, whatever LIMIT is. start_time is the database's clock (0007), like every
+        -- time the nodes compare. Each row carries the next due time (the head of spider_job_delayed_project_idx).
+        -- Slots filled: the call ends here.
         IF v_hot THEN
             RETURN QUERY
             UPDATE spider_job AS j
             SET status = 'ongoing', node = p_node, worker = p_worker, start_time = now(), attempts = j.attempts + 1
             WHERE j.id = ANY(ARRAY(
                   SELECT n.id FROM spider_job AS n
-                  WHERE n.status = 'pending' AND n.project >= p_projects[1] AND n.project <= p_projects[1]
+                  WHERE n.status = 'pending' AND n.pool = ''
+                    AND n.project >= p_projects[1] AND n.project <= p_projects[1]
                     AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = p_projects[1])
                     AND NOT EXISTS (SELECT FROM spider_job AS d
                                     WHERE d.status = 'delayed' AND d.project = p_projects[1] AND d.run_at <= now())
-                  ORDER BY n.project, n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+                  ORDER BY n.pool, n.project, n.priority DESC, n.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
             RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
                       CAST(extract(epoch FROM now() - j.run_at) AS double precision), 0::bigint,
                       CAST(extract(epoch FROM (
@@ -128,61 +137,97 @@ AS $function$
             SELECT coalesce(sum(woken.jobs), 0) INTO v_promoted FROM woken;
         END LOOP;
 
-        IF p_limit > v_claimed AND v_limited THEN
+        IF p_limit <= v_claimed OR NOT (v_limited OR v_promoted > 0 OR NOT v_hot) THEN
+            NULL;
+        ELSE
+            -- The pools this node may claim from: every pending pool whose tags it all has (a skip scan of
+            -- spider_job_pending_idx's first column, one probe per pool: a few). A node without tags: pool '' only.
+            -- Set here, not where declared: the hot path's calls evaluate no more than 0009's did.
+            v_tagged := coalesce(cardinality(p_tags), 0) > 0;
+            IF v_tagged THEN
+                v_pools := ARRAY(SELECT pending.pool FROM spider_job_pending_pools() AS pending(pool)
+                                 WHERE string_to_array(pending.pool, ',') <@ p_tags);
+            ELSE
+                v_pools := ARRAY[''];
+            END IF;
+            v_unlimited := CASE WHEN v_limited THEN 'AND NOT EXISTS (SELECT FROM spider_limit AS l '
+                                                    'WHERE l.project = j.project AND l.spider = j.spider)'
+                                ELSE '' END;
+            -- The next jobs this node may run, best first (a fixed fragment chooses the projects, the values are
+            -- parameters). Without tags: the head of pool '' in spider_job_pending_idx (all projects) or
+            -- spider_job_pending_project_idx (one project; several projects: spider_job_pending_idx from its head,
+            -- other projects' jobs passed over). With tags: the head of each of its pools, each an index range of
+            -- its own (the free slots and 32 more from each, unlocked), merged by priority, then locked in that
+            -- order with SKIP LOCKED until the free slots are filled (LockRows under LIMIT: no row beyond them is
+            -- locked, so no other claimer passes over a job this one does not take). Priority and FIFO order hold
+            -- across the pools, and no job the node cannot run is ever read. c.status = 'pending' is rechecked on
+            -- a row another claimer changed since this statement's snapshot: a job claimed meanwhile is skipped.
+            -- The 32 cover the rows concurrent claimers hold at the head of a pool; with more, a claim may come
+            -- back short, and the next one (a tick, a NOTIFY) takes the rest.
+            v_next := CASE WHEN NOT v_tagged THEN format($next$
+                SELECT id, priority FROM spider_job AS j WHERE status = 'pending' AND pool = '' AND %1$s %2$s
+                ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED
+                $next$, v_projects, v_unlimited)
+            ELSE format($next$
+                SELECT c.id, c.priority FROM spider_job AS c
+                WHERE c.status = 'pending' AND c.id = ANY(ARRAY(
+                    SELECT head.id FROM unnest($5) AS runnable(pool), LATERAL (
+                        SELECT id FROM spider_job AS j
+                        WHERE status = 'pending' AND j.pool = runnable.pool AND %1$s %2$s
+                        ORDER BY priority DESC, id LIMIT $2 + 32
+                    ) AS head))
+                ORDER BY c.priority DESC, c.id LIMIT $2 FOR UPDATE OF c SKIP LOCKED
+                $next$, v_projects, v_unlimited) END;
             -- Some spider has a limit (spider_limit): that spider is filled by one claimer at a time, the one that
             -- locked its limit row (SKIP LOCKED: the others claim other spiders' jobs meanwhile, no head-of-line
             -- blocking); spider_job_running() counts its running jobs after that lock, in a fresh snapshot, so
             -- claims committed by other nodes meanwhile are counted: never more than max_running at once. Each
-            -- limited spider reads the head of spider_job_pending_spider_idx, at most its free room; the other
-            -- spiders' jobs come from the pending index as below. A fixed fragment chooses the projects, the values
-            -- are parameters.
-            RETURN QUERY EXECUTE format($claim$
-                WITH limits AS MATERIALIZED (
-                    SELECT project, spider, max_running FROM spider_limit WHERE %1$s
-                    FOR UPDATE SKIP LOCKED
-                ), room AS (
-                    SELECT project, spider, max_running - spider_job_running(project, spider) AS free FROM limits
-                ), unlimited_jobs AS (
-                    SELECT id, priority FROM spider_job AS j
-                    WHERE status = 'pending' AND %1$s
-                      AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
-                    ORDER BY priority DESC, id
-                    LIMIT $2
-                    FOR UPDATE SKIP LOCKED
-                ), limited_jobs AS (
-                    SELECT next.id, next.priority FROM room, LATERAL (
-                        SELECT id, priority FROM spider_job
-                        WHERE status = 'pending' AND project = room.project AND spider = room.spider
-                        ORDER BY priority DESC, id
-                        LIMIT greatest(least(room.free, $2), 0)
+            -- limited spider reads the head of spider_job_pending_spider_idx, at most its free room, passing over
+            -- the jobs of pools this node may not run; the other spiders' jobs are the next jobs above.
+            IF v_limited THEN
+                RETURN QUERY EXECUTE format($claim$
+                    WITH limits AS MATERIALIZED (
+                        SELECT project, spider, max_running FROM spider_limit WHERE %1$s
                         FOR UPDATE SKIP LOCKED
-                    ) AS next
-                ), next_jobs AS (
-                    SELECT id FROM (SELECT * FROM unlimited_jobs UNION ALL SELECT * FROM limited_jobs) AS candidates
-                    ORDER BY priority DESC, id
-                    LIMIT $2
-                )
-                UPDATE spider_job AS j
-                SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
-                FROM next_jobs WHERE j.id = next_jobs.id
-                RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                          CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
-                          NULL::double precision
-            $claim$, v_projects) USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker;
-        ELSIF p_limit > v_claimed AND (v_promoted > 0 OR NOT v_hot) THEN
-            -- No limit: all projects read the head of spider_job_pending_idx, one project that of
-            -- spider_job_pending_project_idx (an ordered index scan takes one value of its leading column), several
-            -- projects spider_job_pending_idx from its head, other projects' jobs passed over. After the first
-            -- statement, only jobs that just became due are left to claim.
-            RETURN QUERY EXECUTE format($claim$
-                UPDATE spider_job AS j
-                SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
-                WHERE j.id = ANY(ARRAY(SELECT id FROM spider_job WHERE status = 'pending' AND %1$s
-                      ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED))
-                RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
-                          CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
-                          NULL::double precision
-            $claim$, v_projects) USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker;
+                    ), room AS (
+                        SELECT project, spider, max_running - spider_job_running(project, spider) AS free FROM limits
+                    ), unlimited_jobs AS (
+                        %2$s
+                    ), limited_jobs AS (
+                        SELECT next.id, next.priority FROM room, LATERAL (
+                            SELECT id, priority FROM spider_job
+                            WHERE status = 'pending' AND project = room.project AND spider = room.spider
+                              AND pool = ANY($5)
+                            ORDER BY priority DESC, id
+                            LIMIT greatest(least(room.free, $2), 0)
+                            FOR UPDATE SKIP LOCKED
+                        ) AS next
+                    ), next_jobs AS (
+                        SELECT id FROM (SELECT * FROM unlimited_jobs UNION ALL SELECT * FROM limited_jobs) AS candidates
+                        ORDER BY priority DESC, id
+                        LIMIT $2
+                    )
+                    UPDATE spider_job AS j
+                    SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
+                    FROM next_jobs WHERE j.id = next_jobs.id
+                    RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                              CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
+                              NULL::double precision
+                $claim$, v_projects, v_next)
+                USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker, v_pools;
+            -- No limit: the next jobs above. After the first statement, only jobs that just became due are left
+            -- to claim.
+            ELSE
+                RETURN QUERY EXECUTE format($claim$
+                    UPDATE spider_job AS j
+                    SET status = 'ongoing', node = $3, worker = $4, start_time = now(), attempts = j.attempts + 1
+                    WHERE j.id = ANY(ARRAY(SELECT next.id FROM (%1$s) AS next))
+                    RETURNING j.id, j.project, j.job, j.attempts, j.message, j.priority,
+                              CAST(extract(epoch FROM now() - j.run_at) AS double precision), NULL::bigint,
+                              NULL::double precision
+                $claim$, v_next)
+                USING p_projects, CAST(p_limit - v_claimed AS integer), p_node, p_worker, v_pools;
+            END IF;
         END IF;
 
         -- The summary row: how many became due, and in how many seconds the next delayed job is due.
@@ -229,12 +274,14 @@ AS $function$
         IF tree.open_jobs = 0 THEN
             IF tree.on_complete IS NOT NULL AND tree.completion_job IS NULL AND NOT tree.cancelled THEN
                 completion := replace(CAST(gen_random_uuid() AS text), '-', '');
-                INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time)
+                -- Its pool (0014): its spider's route, else '' (any node), as for a job scheduled without _tags.
+                INSERT INTO spider_job (project, spider, job, priority, message, status, run_at, created_time, pool)
                 VALUES (tree.project, tree.on_complete->>'spider', completion, 0,
                         coalesce(tree.on_complete->'args', '{}'::jsonb)
                             || jsonb_build_object('name', tree.on_complete->>'spider', '_job', completion,
                                                   'settings', '{}'::jsonb, 'tree', tree.root_job),
-                        'pending', now(), now());
+                        'pending', now(), now(), coalesce((SELECT r.pool FROM spider_route AS r
+                            WHERE r.project = tree.project AND r.spider = tree.on_complete->>'spider'), ''));
                 UPDATE spider_tree SET completion_job = completion WHERE root_id = tree.root_id;
                 tree.completion_job := completion;
                 PERFORM pg_notify('scrapyd_pgqueue_jobs', tree.project);
@@ -320,4 +367,82 @@ AS $function$
         INTO v_work;
         RETURN least(ceil(v_work::numeric / slots_per_node), 1000)::integer;
     END
+    $function$;
+
+
+-- How many nodes of one pool the queue wants (0014): the one-argument form's work, of the jobs a node with `tags`
+-- may run only (each job's pool, its required tags joined, a subset of them; a periodic job's fired job goes to its
+-- own pool, else its spider's route, else anywhere). What each pool's autoscaler asks (KEDA:
+-- SELECT scrapyd_pgqueue_wanted_nodes(4, ARRAY['browser'])). Jobs that require no tag count in every pool: any node
+-- may run them. The tag filter is row by row: a scaler's call, bounded by the same caps, not the claim.
+CREATE OR REPLACE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer, tags text[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ STABLE STRICT SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+ SET jit TO 'off'
+AS $function$
+    DECLARE
+        v_cap bigint := 1000 * greatest(slots_per_node, 1);
+        v_work bigint;
+    BEGIN
+        IF slots_per_node < 1 THEN
+            RAISE EXCEPTION 'slots_per_node must be at least 1, not %', slots_per_node
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT
+            (SELECT count(*) FROM spider_job AS j
+             WHERE j.status = 'ongoing' AND string_to_array(j.pool, ',') <@ tags
+               AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider))
+          + (SELECT count(*) FROM (
+                SELECT FROM spider_job AS j
+                WHERE j.status = 'pending' AND string_to_array(j.pool, ',') <@ tags
+                  AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
+                LIMIT v_cap) AS capped)
+          + (SELECT count(*) FROM (
+                SELECT FROM spider_job AS j
+                WHERE j.status = 'delayed' AND j.run_at <= now() AND string_to_array(j.pool, ',') <@ tags
+                  AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
+                LIMIT v_cap) AS capped)
+          + (SELECT coalesce(sum(greatest(limited.running, least(l.max_running, limited.running + limited.waiting))), 0)
+             FROM spider_limit AS l, LATERAL (
+                SELECT (SELECT count(*) FROM spider_job AS j
+                        WHERE j.status = 'ongoing' AND j.project = l.project AND j.spider = l.spider AND string_to_array(j.pool, ',') <@ tags) AS running,
+                       (SELECT count(*) FROM (
+                            SELECT FROM spider_job AS j
+                            WHERE j.status = 'pending' AND j.project = l.project AND j.spider = l.spider AND string_to_array(j.pool, ',') <@ tags
+                            LIMIT l.max_running) AS capped)
+                     + (SELECT count(*) FROM (
+                            SELECT FROM spider_job AS j
+                            WHERE j.status = 'delayed' AND j.run_at <= now() AND string_to_array(j.pool, ',') <@ tags
+                              AND j.project = l.project AND j.spider = l.spider AND string_to_array(j.pool, ',') <@ tags
+                            LIMIT l.max_running) AS capped) AS waiting
+             ) AS limited)
+          + (SELECT count(*) FROM (
+                SELECT FROM periodic_job AS p WHERE NOT p.paused AND p.next_fire_time <= now()
+                  AND string_to_array(coalesce(p.pool, (SELECT r.pool FROM spider_route AS r
+                      WHERE r.project = p.project AND r.spider = p.spider), ''), ',') <@ tags LIMIT v_cap) AS capped)
+        INTO v_work;
+        RETURN least(ceil(v_work::numeric / slots_per_node), 1000)::integer;
+    END
+    $function$;
+
+
+-- The distinct pools of pending jobs (0014), by a skip scan of spider_job_pending_idx's first column: one index
+-- probe per pool, whatever the backlog. A tagged node's claim, the listings in claim order and the unroutable counts
+-- read it.
+CREATE OR REPLACE FUNCTION spider_job_pending_pools()
+ RETURNS SETOF text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+        WITH RECURSIVE pools(pool) AS (
+            (SELECT j.pool FROM spider_job AS j WHERE j.status = 'pending' ORDER BY j.pool LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.pool FROM spider_job AS j WHERE j.status = 'pending' AND j.pool > pools.pool
+                    ORDER BY j.pool LIMIT 1)
+            FROM pools WHERE pools.pool IS NOT NULL
+        )
+        SELECT pools.pool FROM pools WHERE pools.pool IS NOT NULL
     $function$;

@@ -36,16 +36,19 @@ RESERVE_IDS = text("""
 """)
 # Jobs without a unique key, straight into the queue; the tree trigger counts tree jobs as for an INSERT.
 COPY_JOBS = ("COPY spider_job (id, project, spider, job, version, priority, message, status, run_at, retries, "
-             "retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, created_time) FROM STDIN")
+             "retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, pool, created_time) "
+             "FROM STDIN")
 # Jobs with a unique key, into the staging table (batch: the transaction's id, by default).
 STAGE_JOBS = ("COPY spider_job_staging (id, n, spider, job, version, priority, message, run_at_epoch, delay, "
-              "unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout) "
-              "FROM STDIN")  # after id and n, enqueue.ENQUEUE_COLUMNS
+              "unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, "
+              "pool) FROM STDIN")  # after id and n, enqueue.ENQUEUE_COLUMNS
 # The staged jobs, moved: a transaction sees only its own staged rows (the committed ones were all deleted), and
 # :first, the batch's first n, skips its earlier batches (dead rows until it ends) in the index.
 MOVE_STAGED_JOBS = text(INSERT_BATCH.format(id="id, ", batch="""batch AS (
         DELETE FROM spider_job_staging WHERE batch = txid_current() AND n >= :first RETURNING *
     )"""))
+# The project's routes (spider -> the tags its jobs require), for the jobs copied straight in without tags of their own.
+PROJECT_ROUTES = text("SELECT spider, pool FROM spider_route WHERE project = :project")
 # Wakes idle nodes at commit, once per transaction, if any node wants work (store/base.NODES_WANT_WORK).
 NOTIFY_JOBS = text(f"SELECT pg_notify(:channel, '') WHERE {NODES_WANT_WORK}")
 
@@ -69,7 +72,8 @@ def copy_jobs(connection, project: str, rows: list[dict[str, Any]], first: int =
     with duplicates_refused(project, [row["job"] for row in rows]):
         if plain:
             now_text = now.isoformat()
-            connection.copy_in(COPY_JOBS, _lines(_queue_row(ids[i], rows[i], now, now_text) for i in plain))
+            routes = dict(connection.execute(PROJECT_ROUTES, {"project": project}).all())
+            connection.copy_in(COPY_JOBS, _lines(_queue_row(ids[i], rows[i], now, now_text, routes) for i in plain))
             connection.execute(NOTIFY_JOBS, params)
             enqueued.update((i, Enqueued(ids[i], rows[i]["job"])) for i in plain)
         if keyed:
@@ -81,8 +85,9 @@ def copy_jobs(connection, project: str, rows: list[dict[str, Any]], first: int =
     return [enqueued[index] for index in range(len(rows))]
 
 
-def _queue_row(id: int, row: dict[str, Any], now: datetime.datetime, now_text: str) -> list:
-    """A job's columns as INSERT_BATCH would write them, in COPY_JOBS' order (times as text: most are ``now``)."""
+def _queue_row(id: int, row: dict[str, Any], now: datetime.datetime, now_text: str, routes: dict[str, str]) -> list:
+    """A job's columns as INSERT_BATCH would write them, in COPY_JOBS' order (times as text: most are ``now``; the
+    pool its own tags, else its spider's route, else any node)."""
     if row["run_at"] is not None:
         due = datetime.datetime.fromtimestamp(row["run_at"], datetime.timezone.utc)
     elif row["delay"] is not None:
@@ -92,7 +97,7 @@ def _queue_row(id: int, row: dict[str, Any], now: datetime.datetime, now_text: s
     return [id, row["project"], row["spider"], row["job"], row["version"], row["priority"], row["message"],
             "delayed" if due > now else "pending", now_text if due == now else due.isoformat(), row["retries"],
             row["retry_delay"], row["periodic"], row["parent"], row["parent_id"], row["tree_id"], row["max_runtime"],
-            row["stall_timeout"], now_text]
+            row["stall_timeout"], routes.get(row["spider"], "") if row["pool"] is None else row["pool"], now_text]
 
 
 def _lines(rows) -> io.BytesIO:

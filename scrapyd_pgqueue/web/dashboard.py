@@ -69,6 +69,7 @@ def render_summary(data, view) -> str:
 <span>Oldest pending: <b id="oldest-pending">{esc(age)}</b></span>
 <span>Past due ({view.settings.past_due_seconds:g} s): <b id="past-due">{count_text(counts.past_due)}</b></span>
 <span>Dead: <b id="dead-total">{counts.dead:,}</b></span>
+<span>Unroutable (no live node has their tags): <b id="unroutable-total">{count_text(counts.unroutable)}</b></span>
 </p>"""
 
 
@@ -83,9 +84,10 @@ def render_nodes(nodes, view) -> str:
         rows.append(
             f'<tr class="node"><td>{esc(node.name)}</td><td class="{esc(node.state)}">{esc(node.state)}</td>'
             f"<td>{node.heartbeat_age:.1f} s ago</td><td class=\"number\">{node.running}</td>"
-            f'<td class="number">{max(slots - node.running, 0)}</td><td>{esc(node.url)}</td></tr>'
+            f'<td class="number">{max(slots - node.running, 0)}</td><td>{esc(node.url)}</td>'
+            f"<td>{esc(','.join(node.tags))}</td></tr>"
         )
-    return table("nodes", ["Node", "State", "Last heartbeat", "Slots used", "Slots free", "URL"], rows,
+    return table("nodes", ["Node", "State", "Last heartbeat", "Slots used", "Slots free", "URL", "Tags"], rows,
                  "No node has registered yet.")
 
 

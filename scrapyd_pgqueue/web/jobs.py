@@ -3,7 +3,8 @@
 Pending jobs one page at a time in run order (``?pending_offset=``), the running jobs of every node, and the kept
 finished jobs with their outcome. Scrapyd's columns come first, in Scrapyd's order, with plain ``<td>`` cells under
 ``<h1>Jobs</h1>``: ScrapydWeb reads this page by position. Node and Outcome follow them, then the job's items
-scraped, errors and finish reason (from its stats).
+scraped, errors and finish reason (from its stats), then the tags a node needs to run it. A pending job that no live
+node can run (none has all of its tags) says ``unroutable`` in its Outcome cell.
 
 Log links: a stored log (finished jobs) and a log file of this node are served here; a running job's log is on its
 node, linked at that node's registered URL. A node whose ``node_url`` is not set registers a URL made of its host
@@ -18,7 +19,8 @@ from urllib.parse import urljoin, urlsplit
 
 from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, AllJobsStore, OverviewStore, local_time
+from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, PENDING_COUNT_CAP, AllJobsStore, OverviewStore, local_time
+from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web.page import (
     CANCEL_CONFIRM, ThreadedPage, document, esc, int_parameter, no_microseconds, quoted_log_path,
 )
@@ -27,6 +29,7 @@ STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish"
 EXTRA_HEADERS = ["Node", "Outcome"]
 # From each job's stats (job_stats.stats_summary), after every other column: pages read by position keep theirs.
 STATS_HEADERS = ["Items scraped", "Errors", "Finish reason"]
+POOL_HEADERS = ["Tags"]
 PENDING_PAGE_SIZE = 100
 
 
@@ -40,6 +43,7 @@ class JobsData:
     finished: list
     node_urls: dict
     offset: int
+    unroutable: list  # store.pools.UnroutablePool: tag sets of pending jobs no live node can run
 
 
 class JobsPage(ThreadedPage):
@@ -50,7 +54,7 @@ class JobsPage(ThreadedPage):
             headers.append("Items")
         if b"cancel.json" in self.root.children:
             headers.append("Cancel")
-        return headers + EXTRA_HEADERS + STATS_HEADERS
+        return headers + EXTRA_HEADERS + STATS_HEADERS + POOL_HEADERS
 
     def fetch(self, offset: int) -> JobsData:
         settings = self.root.settings
@@ -61,12 +65,13 @@ class JobsPage(ThreadedPage):
             pending, more, counts.pending, counts.pending_exact, cluster.running_jobs(),
             cluster.finished_jobs(None, settings.finished_to_keep),
             OverviewStore.for_settings(settings).node_urls(), offset,
+            PoolStore.for_settings(settings).unroutable(settings.lease_seconds, PENDING_COUNT_CAP),
         )
 
     def build(self, request) -> bytes:
         data = self.fetch(int_parameter(request, "pending_offset", 0, 0, MAX_PENDING_OFFSET))
         base = self.base_path(request)
-        rows = Rows(self, base, data.node_urls)
+        rows = Rows(self, base, data.node_urls, {",".join(pool.tags) for pool in data.unroutable})
         span = len(self.headers)
         sections = "\n".join(
             f"""<tbody>
@@ -84,7 +89,7 @@ class JobsPage(ThreadedPage):
         body = f"""<h1>Jobs</h1>
 <p><a href="{base}/">Go up</a> · <a href="{base}/dashboard">Dashboard</a> · every node of the cluster (this page:
 {esc(self.root.node_name)})</p>
-{self.pending_note(data, base)}
+{self.pending_note(data, base)}{unroutable_note(data.unroutable)}
 <table id="jobs">
 <thead>
 {row_html(f"<th>{header}</th>" for header in self.headers)}
@@ -112,6 +117,15 @@ class JobsPage(ThreadedPage):
                 f"in the order they will run. {' · '.join(links)}</p>")
 
 
+def unroutable_note(unroutable) -> str:
+    """The tag sets that pending jobs require and no live node has, with how many jobs wait for each."""
+    if not unroutable:
+        return ""
+    sets = ", ".join(f"{esc(','.join(pool.tags))} ({pool.jobs:,})" for pool in unroutable)
+    return (f'<p id="unroutable-note">Pending jobs no live node can run (unroutable), by the tags they require: '
+            f"{sets}. They run as soon as a node with those tags joins.</p>\n")
+
+
 def row_html(cells) -> str:
     return "<tr>\n" + "\n".join(f"    {cell}" for cell in cells) + "\n</tr>\n"
 
@@ -119,8 +133,8 @@ def row_html(cells) -> str:
 class Rows:
     """The table's rows: one value per header, escaped here."""
 
-    def __init__(self, page: JobsPage, base: str, node_urls: dict[str, str | None]):
-        self.page, self.base, self.node_urls = page, base, node_urls
+    def __init__(self, page: JobsPage, base: str, node_urls: dict[str, str | None], unroutable: set[str]):
+        self.page, self.base, self.node_urls, self.unroutable = page, base, node_urls, unroutable
         self.root = page.root
 
     def row(self, values: dict) -> str:
@@ -137,6 +151,8 @@ class Rows:
         return self.row({
             "Project": esc(job.project), "Spider": esc(job.message.get("name")), "Job": esc(job_id),
             "Cancel": self.cancel_button(job.project, job_id),
+            "Outcome": "unroutable" if job.run_at is None and job.pool in self.unroutable else None,
+            "Tags": esc(",".join(job.tags)),
         })
 
     def running(self, job) -> str:
@@ -147,7 +163,7 @@ class Rows:
             "Start": esc(no_microseconds(local_time(start))), "Runtime": esc(runtime),
             "Log": self.log_link(job, stored=False), "Items": self.items_link(job),
             "Cancel": self.cancel_button(job.project, job.job), "Node": esc(job.node),
-            **stats_cells(job.stats, running=True),
+            **stats_cells(job.stats, running=True), "Tags": esc(",".join(job.tags)),
         })
 
     def finished(self, job) -> str:
@@ -159,6 +175,7 @@ class Rows:
             "Runtime": esc(end - start if start and end else None), "Finish": esc(end),
             "Log": self.log_link(job, stored=job.has_log) if ran else None, "Items": self.items_link(job),
             "Node": esc(job.node), "Outcome": esc(job.outcome), **stats_cells(job.stats, running=False),
+            "Tags": esc(",".join(job.tags)),
         })
 
     def log_link(self, job, stored: bool) -> str:

@@ -2,7 +2,9 @@
 cluster's gauges, the same on every node (aggregate them with ``max without (instance)``).
 
 The gauges come from bounded queries (``store/overview.py``): per spider and state counted up to ``COUNT_CAP``;
-the pending total is exact up to ``PENDING_COUNT_CAP``, the planner's estimate beyond. No per-job label.
+the pending total is exact up to ``PENDING_COUNT_CAP``, the planner's estimate beyond. No per-job label. Unroutable
+jobs (pending, requiring tags no live node has) have one gauge per tag set; this node's tags are the label set of
+its own gauges (``scrapyd_pgqueue_node_info``, ``scrapyd_pgqueue_node_slots``), to join its counters on ``instance``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from scrapyd_pgqueue.store.db import DatabaseError
 from scrapyd_pgqueue.web import metrics
-from scrapyd_pgqueue.store import AllJobsStore, OverviewStore
+from scrapyd_pgqueue.store import PENDING_COUNT_CAP, AllJobsStore, OverviewStore
+from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web.page import ThreadedPage
 
 # The states exported per spider: the waiting and running ones (kept finished jobs are a window, not a state).
@@ -35,6 +38,7 @@ class ClusterCollector:
             families = []
         up.add_metric([], 1 if families else 0)
         yield up
+        yield from node_families(self.settings, self.slots)
         yield from families
 
     def cluster_families(self):
@@ -61,9 +65,29 @@ class ClusterCollector:
         yield gauge("scrapyd_pgqueue_past_due_jobs", f"Pending jobs waiting more than past_due_seconds "
                     f"({self.settings.past_due_seconds:g}) since they were due (counted up to 10,000).",
                     counts.past_due)
+        unroutable = GaugeMetricFamily(
+            "scrapyd_pgqueue_unroutable_jobs", "Pending jobs that no live node can run, by the tags they require "
+            "(comma-separated; counted up to 10,000 each).", labels=["tags"])
+        for pool in PoolStore.for_settings(self.settings).unroutable(self.settings.lease_seconds, PENDING_COUNT_CAP):
+            unroutable.add_metric([",".join(pool.tags)], pool.jobs)
+        yield unroutable
         yield gauge("scrapyd_pgqueue_wanted_nodes", f"Nodes of this node's max_proc ({self.slots}) the queue's work "
                     "needs now: running jobs and due ones, within the spiders' limits (what KEDA's ScaledObject "
                     "asks); 0 when idle.", overview.wanted_nodes(self.slots))
+
+
+def node_families(settings, slots: int):
+    """This node's gauges, labelled with its name and tags (comma-separated, sorted; '' for none)."""
+    labels = ["node", "tags"]
+    values = [settings.node_name, ",".join(settings.node_tags)]
+    info = GaugeMetricFamily("scrapyd_pgqueue_node_info", "1, labelled with this node's name and tags.",
+                             labels=labels)
+    info.add_metric(values, 1)
+    yield info
+    node_slots = GaugeMetricFamily("scrapyd_pgqueue_node_slots", "Crawls this node runs at once (max_proc).",
+                                   labels=labels)
+    node_slots.add_metric(values, slots)
+    yield node_slots
 
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -2,13 +2,13 @@
 one statement with the key's rules (the id of each reserved beforehand, in the batch's order).
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 """
 
 from alembic import op
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
@@ -37,7 +37,8 @@ CREATE_STAGING = """
         parent_id bigint,
         tree_id bigint,
         max_runtime double precision,
-        stall_timeout double precision
+        stall_timeout double precision,
+        pool text
     ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
             autovacuum_vacuum_cost_delay = 0)
 """

@@ -70,3 +70,42 @@ postgresql://{{ .Values.database.nodeRole }}:$(DATABASE_PASSWORD)@{{ include "sc
 {{ include "scrapyd-pgqueue.selectorLabels" . }}
 app.kubernetes.io/component: node
 {{- end -}}
+
+{{/* The node pools, each with every field filled in: the `pools:` values over the defaults of `node:`,
+`replicaCount` and `autoscaling:`; without `pools:`, one unnamed pool of the defaults (the single Deployment, named
+and selected as before pools existed). As JSON ({"pools": [...]}), for fromJson. */}}
+{{- define "scrapyd-pgqueue.pools" -}}
+{{- $pools := list -}}
+{{- $values := .Values -}}
+{{- range (.Values.pools | default (list (dict "name" ""))) -}}
+{{- $scaling := .autoscaling | default dict -}}
+{{- $pools = append $pools (dict
+    "name" .name
+    "tags" (.tags | default list)
+    "image" (printf "%s:%s" ((.image | default dict).repository | default $values.image.repository) ((.image | default dict).tag | default ($values.image.tag | default $.Chart.AppVersion)))
+    "maxProc" (int (.maxProc | default $values.node.maxProc))
+    "replicaCount" (int (ternary .replicaCount $values.replicaCount (hasKey . "replicaCount")))
+    "minReplicaCount" (int (ternary $scaling.minReplicaCount $values.autoscaling.minReplicaCount (hasKey $scaling "minReplicaCount")))
+    "maxReplicaCount" (int ($scaling.maxReplicaCount | default $values.autoscaling.maxReplicaCount))
+    "resources" (.resources | default $values.node.resources)
+    "nodeSelector" (.nodeSelector | default $values.node.nodeSelector)
+    "tolerations" (.tolerations | default $values.node.tolerations)
+    "affinity" (.affinity | default $values.node.affinity)) -}}
+{{- end -}}
+{{- dict "pools" $pools | toJson -}}
+{{- end -}}
+
+{{/* A pool's resources are named <fullname>-<pool>; the unnamed default pool's <fullname>. Call with
+(dict "root" $ "pool" $pool). */}}
+{{- define "scrapyd-pgqueue.poolName" -}}
+{{- $fullname := include "scrapyd-pgqueue.fullname" .root -}}
+{{- if .pool.name -}}{{ printf "%s-%s" $fullname .pool.name | trunc 63 | trimSuffix "-" }}{{- else -}}{{ $fullname }}{{- end -}}
+{{- end -}}
+
+{{/* The selector of a pool's pods: the nodes' labels and, for a named pool, its name. */}}
+{{- define "scrapyd-pgqueue.poolSelectorLabels" -}}
+{{ include "scrapyd-pgqueue.nodeSelectorLabels" .root }}
+{{- if .pool.name }}
+scrapyd-pgqueue/pool: {{ .pool.name }}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,149 @@
+"""Node pools: the tags a node has and a job requires, routes per spider, and the work no live node can run.
+
+A job's required tags are stored as its pool: the tags sorted, deduplicated and joined by commas ('' when it
+requires none). The pool leads the pending indexes, so a claim reads each pool's head as an index range of its own;
+a node claims from the pools whose tags it all has (the claim function, store/schema.sql).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.store.base import StorePerEngine, check_name, database_errors
+
+# A tag: letters, digits and '_', '.', ':', '-', starting with a letter or digit; a comma separates tags.
+TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}")
+MAX_TAGS = 16
+
+# --- queries ---------------------------------------------------------------------------------------------------
+
+# Route a spider's jobs scheduled without _tags to a pool (one row per spider; setting it again replaces it).
+SET_ROUTE = text("""
+    INSERT INTO spider_route (project, spider, pool) VALUES (:project, :spider, :pool)
+    ON CONFLICT (project, spider) DO UPDATE SET pool = EXCLUDED.pool, created_time = now()
+""")
+
+REMOVE_ROUTE = text("DELETE FROM spider_route WHERE project = :project AND spider = :spider")
+
+# Every route (of :project, all when NULL); a handful per project.
+LIST_ROUTES = text("""
+    SELECT project, spider, pool FROM spider_route
+    WHERE CAST(:project AS text) IS NULL OR project = :project
+    ORDER BY project, spider
+""")
+
+# The pending pools that no live node can run (no live node has all of their tags), each with its pending jobs
+# counted up to :cap: the pools come from a skip scan of spider_job_pending_idx (spider_job_pending_pools), each
+# count from that pool's range of the same index. Live nodes: not stopped, heartbeat within :lease_seconds.
+UNROUTABLE_POOLS_SQL = """
+    SELECT pending.pool,
+           (SELECT count(*) FROM (SELECT 1 FROM spider_job AS j
+                                  WHERE j.status = 'pending' AND j.pool = pending.pool LIMIT :cap) AS capped) AS jobs
+    FROM spider_job_pending_pools() AS pending(pool)
+    WHERE NOT EXISTS (
+        SELECT FROM scrapyd_node AS n
+        WHERE n.stopped_time IS NULL AND n.heartbeat_time > now() - make_interval(secs => :lease_seconds)
+          AND string_to_array(pending.pool, ',') <@ n.tags
+    )
+"""
+UNROUTABLE_POOLS = text(UNROUTABLE_POOLS_SQL + " ORDER BY pending.pool")
+
+# The tags the newest row of job id :job (in :project, all projects when NULL) requires; reads spider_job_job_idx.
+JOB_POOL = text("""
+    SELECT pool FROM spider_job
+    WHERE job = :job AND (CAST(:project AS text) IS NULL OR project = :project)
+    ORDER BY id DESC
+    LIMIT 1
+""")
+
+# --- tags ------------------------------------------------------------------------------------------------------
+
+
+class InvalidTagsError(ValueError):
+    """Tags that cannot be a node's or a job's (reason in the message)."""
+
+
+def parse_tags(value: Any) -> tuple[str, ...]:
+    """Tags as given (a comma-separated string, or a list of strings), checked, sorted and deduplicated; an empty
+    string or list: no tags."""
+    if isinstance(value, str):
+        given = value.split(",") if value.strip() else []
+    elif isinstance(value, (list, tuple)) and all(isinstance(tag, str) for tag in value):
+        given = list(value)
+    else:
+        raise InvalidTagsError("tags must be a comma-separated string or a list of strings")
+    tags = sorted({tag.strip() for tag in given})
+    for tag in tags:
+        if not TAG_PATTERN.fullmatch(tag):
+            raise InvalidTagsError(
+                f"tag {tag[:100]!r} is not valid: 1 to 63 letters, digits, '_', '.', ':' or '-', starting with a "
+                "letter or digit")
+    if len(tags) > MAX_TAGS:
+        raise InvalidTagsError(f"at most {MAX_TAGS} tags, not {len(tags)}")
+    return tuple(tags)
+
+
+def pool_key(tags: Iterable[str]) -> str:
+    """The pool of a job requiring ``tags`` (checked already): sorted, joined by commas; '' for none."""
+    return ",".join(sorted(set(tags)))
+
+
+def pool_tags(pool: str | None) -> list[str]:
+    """The tags a pool requires, as a list (empty for '' and None)."""
+    return pool.split(",") if pool else []
+
+
+# --- operations ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    project: str
+    spider: str
+    tags: list[str]
+
+
+@dataclass(frozen=True)
+class UnroutablePool:
+    tags: list[str]
+    jobs: int  # pending jobs requiring these tags, counted up to the caller's cap
+
+
+class PoolStore(StorePerEngine):
+    """Routes and unroutable work over one database."""
+
+    @database_errors
+    def set_route(self, project: str, spider: str, tags: Iterable[str]) -> None:
+        params = {"project": check_name("project", project), "spider": check_name("spider name", spider),
+                  "pool": pool_key(tags)}
+        with db.autocommit(self.engine) as connection:
+            connection.execute(SET_ROUTE, params)
+
+    @database_errors
+    def remove_route(self, project: str, spider: str) -> bool:
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(REMOVE_ROUTE, {"project": project, "spider": spider}).rowcount > 0
+
+    @database_errors
+    def routes(self, project: str | None = None) -> list[Route]:
+        with db.autocommit(self.engine) as connection:
+            rows = connection.execute(LIST_ROUTES, {"project": project})
+            return [Route(row.project, row.spider, pool_tags(row.pool)) for row in rows]
+
+    @database_errors
+    def required_tags(self, job: str, project: str | None = None) -> list[str] | None:
+        """The tags the newest run of ``job`` requires; None when unknown."""
+        with db.autocommit(self.engine) as connection:
+            pool = connection.execute(JOB_POOL, {"job": job, "project": project}).scalar()
+        return None if pool is None else pool_tags(pool)
+
+    @database_errors
+    def unroutable(self, lease_seconds: float, cap: int) -> list[UnroutablePool]:
+        with db.autocommit(self.engine) as connection:
+            rows = connection.execute(UNROUTABLE_POOLS, {"lease_seconds": lease_seconds, "cap": cap})
+            return [UnroutablePool(pool_tags(row.pool), row.jobs) for row in rows]
