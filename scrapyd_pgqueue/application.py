@@ -18,14 +18,12 @@ uninstalled until Scrapy installs its asyncio one.
 
 from __future__ import annotations
 
-import configparser
 import ipaddress
 import os
-import pkgutil
 import sys
 import types
 
-from scrapyd_pgqueue.config import COMPONENTS, SERVICES, apply_defaults, scrapyd_defaults
+from scrapyd_pgqueue.config import COMPONENTS, SERVICES, apply_defaults, scrapyd_defaults  # noqa: F401 - the one line's tables, here too
 
 ONE_LINE = "application = scrapyd_pgqueue.application"
 

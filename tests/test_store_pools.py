@@ -7,8 +7,9 @@ import collections
 
 import pytest
 
-from scrapyd_pgqueue.store import JobOptions, JobStore
-from scrapyd_pgqueue.store.pools import InvalidTagsError, PoolStore, parse_tags, pool_key
+from scrapyd_pgqueue.store import JobOptions
+from scrapyd_pgqueue.config import InvalidTagsError, parse_tags, pool_key
+from scrapyd_pgqueue.store.pools import PoolStore
 from helpers import claim_in_processes, query
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import re
 import sys
 

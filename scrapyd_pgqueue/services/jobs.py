@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import uuid
 from urllib.parse import quote, urljoin
 

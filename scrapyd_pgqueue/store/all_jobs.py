@@ -23,7 +23,8 @@ from scrapyd_pgqueue.store.base import (
     read_rows,
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
-from scrapyd_pgqueue.store.pools import UNROUTABLE_POOLS_SQL, pool_tags
+from scrapyd_pgqueue.config import pool_tags
+from scrapyd_pgqueue.store.pools import UNROUTABLE_POOLS_SQL
 from scrapyd_pgqueue.store.trees import TreeQueries
 from scrapyd_pgqueue.store.webhooks import job_events
 

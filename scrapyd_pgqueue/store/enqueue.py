@@ -26,7 +26,7 @@ from scrapyd_pgqueue.store.base import (
     check_priority,
     encode_message,
 )
-from scrapyd_pgqueue.store.pools import pool_key
+from scrapyd_pgqueue.config import pool_key
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from scrapyd_pgqueue.store.base import (
     encode_message,
     read_rows,
 )
-from scrapyd_pgqueue.store.pools import pool_key, pool_tags
+from scrapyd_pgqueue.config import pool_key, pool_tags
 from scrapyd_pgqueue.store.webhooks import periodic_skipped_events
 from scrapyd_pgqueue.store.timing import (
     InvalidScheduleError,
