@@ -1,7 +1,7 @@
 """The package's former paths, kept importable: every module that moved and every module of names that moved.
 
 A configuration file, a deployed project or a script may name a path of an earlier release
-(``scrapyd_pgqueue.webservice.Schedule``, ``scrapyd_pgqueue.store.db``). Each such path still imports, warns with its new
+(``scrapyd_pgqueue.webservice.Schedule``, ``scrapyd_pgqueue.db``). Each such path still imports, warns with its new
 path (``DeprecationWarning``) and is the very object of the new one. A moved module warns when it is imported; a
 module of names stays silent on import (Scrapyd imports whatever its configuration names), and each name warns when
 it is taken. Nothing inside the package uses a former path.
