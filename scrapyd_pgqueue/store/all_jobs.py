@@ -34,26 +34,37 @@ PENDING_COUNT_CAP = 10_000
 SIGNAL_NUMBERS = frozenset(int(number) for number in signals.valid_signals())
 
 
+class RequiresTags:
+    """A job's row with its pool: the tags a node needs to run it (``tags``)."""
+
+    pool: str
+
+    @property
+    def tags(self) -> list[str]:
+        return pool_tags(self.pool)
+
+
 @dataclass(frozen=True)
-class PendingJob:
+class PendingJob(RequiresTags):
     project: str
     job: str
     message: dict[str, Any]
     run_at: datetime.datetime | None = None  # a delayed job's due time
     pool: str = ""  # the tags it requires, joined (store/pools.py)
 
-    @property
-    def tags(self) -> list[str]:
-        """The tags a node needs to run it."""
-        return pool_tags(self.pool)
-
 
 @dataclass(frozen=True)
-class RunningJob:
+class StartedJob(RequiresTags):
+    """What a running job's row and a finished one's share."""
+
     id: int
     project: str
     spider: str
     job: str
+
+
+@dataclass(frozen=True)
+class RunningJob(StartedJob):
     pid: int | None
     start_time: datetime.datetime | None
     node: str | None
@@ -61,18 +72,9 @@ class RunningJob:
     stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
     pool: str = ""  # the tags it requires, joined (store/pools.py)
 
-    @property
-    def tags(self) -> list[str]:
-        """The tags a node needs to run it."""
-        return pool_tags(self.pool)
-
 
 @dataclass(frozen=True)
-class FinishedJobRow:
-    id: int
-    project: str
-    spider: str
-    job: str
+class FinishedJobRow(StartedJob):
     start_time: datetime.datetime | None
     end_time: datetime.datetime | None
     node: str | None
@@ -80,11 +82,6 @@ class FinishedJobRow:
     has_log: bool
     stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
     pool: str = ""  # the tags it required, joined (store/pools.py)
-
-    @property
-    def tags(self) -> list[str]:
-        """The tags a node needs to run it."""
-        return pool_tags(self.pool)
 
 
 @dataclass(frozen=True)
