@@ -149,13 +149,14 @@ def test_every_node_reports_a_job_identically_while_pending_running_and_finished
     # Pending: scheduled through node 1, every node reports it, the same way, with Scrapyd's pending fields.
     pending = [answers_about(node, job) for node in cluster.nodes]
     assert pending[0] == pending[1] == pending[2]
-    assert pending[0]["status"] == {"currstate": "pending", "status": "ok", "parent": None, "root": job}  # a root
+    assert pending[0]["status"] == {"currstate": "pending", "status": "ok", "parent": None, "root": job,
+                                    "tags": []}  # a root, which any node may run
     assert pending[0]["listjobs"]["pending"] == [
         {"id": job, "project": "example", "spider": "sleeper", "version": None, "settings": {},
-         "args": {"seconds": "8", "colour": "blue"}, "run_at": None}
+         "args": {"seconds": "8", "colour": "blue"}, "run_at": None, "tags": []}
     ]
     assert pending[0]["cluster"] == {"pending": 1, "pending_exact": True, "running": 3, "finished": 0, "nodes": 3,
-                                     "delayed": 0, "past_due": 0, "dead": 0}
+                                     "delayed": 0, "past_due": 0, "dead": 0, "unroutable": 0}
     # daemonstatus.json's own keys stay Scrapyd's: "running" counts this node's crawls.
     assert [node.get("daemonstatus.json")["running"] for node in cluster.nodes] == [1, 1, 1]
     # Scrapyd's clients read the same answer from any node.
@@ -174,7 +175,7 @@ def test_every_node_reports_a_job_identically_while_pending_running_and_finished
     assert running[0]["status"]["currstate"] == "running"
     assert running_entry["node_name"] == "node2"
     assert set(running_entry) == {"id", "project", "spider", "pid", "start_time", "log_url", "items_url", "node_name",
-                                  "items", "requests", "errors", "finish_reason"}  # Scrapyd's keys, then ours
+                                  "items", "requests", "errors", "finish_reason", "tags"}  # Scrapyd's keys, then ours
     assert running_entry["log_url"] == f"/logs/example/sleeper/{job}.log"
     assert pid_alive(running_entry["pid"])
     assert ScrapydAPI(node1.url).job_status("example", job) == "running"
