@@ -55,7 +55,7 @@ def add_commands(commands, database_url_argument) -> None:
                          help='JSON Lines: {"spider": ..., "priority": ..., "jobid": ..., "args": {...}, '
                               '"settings": {...}, "version": ...} a line; - for standard input')
     enqueue.add_argument("--project", required=True, help="the project of every job")
-    enqueue.add_argument("--batch-size", type=int, default=5000, help="jobs stored per statement (default 5000)")
+    enqueue.add_argument("--batch-size", type=int, default=20000, help="jobs stored per COPY (default 20000)")
     enqueue.add_argument("--tags", metavar="TAG,TAG",
                          help="the _tags of every job without its own \"tags\" (default: each spider's route)")
 
@@ -225,14 +225,12 @@ def run_prune(args) -> int:
 def run_enqueue(args) -> int:
     """Stream the file into the queue in file order, ``--batch-size`` jobs a COPY, all in one transaction: all or none.
 
-    While the database stores one batch, the next is read and checked (a thread writes), so the command goes as fast
-    as the slower of the two, and holds two batches at most whatever the file's size. A bad line stops the command,
-    saying which line and why, and nothing is queued. Spider names are not checked against the project (no node is
-    asked): schedule through a node's schedule_batch.json for that.
+    A batch's lines are read first, then checked one by one as the database takes them (``JobStore.enqueue_batches``):
+    the database stores one part of the batch while the next is checked, and the command holds one batch whatever
+    the file's size. A bad line stops the command, saying which line and why, and nothing is queued. Spider names are
+    not checked against the project (no node is asked): schedule through a node's schedule_batch.json for that.
     """
-    import queue
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
 
@@ -240,34 +238,16 @@ def run_enqueue(args) -> int:
     from scrapyd_pgqueue.store.job_requests import RefusedJob
     from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
 
-    waits.wait_without_deadlines()  # COPY; the only database thread is the writer
+    waits.wait_without_deadlines()  # COPY; the only database thread is this one
     store = JobStore.for_url(args.database_url)
     started = time.monotonic()
     progress = tqdm(unit=" jobs", desc="enqueued", file=sys.stderr, disable=None, mininterval=0.5)
-    handed = queue.Queue(maxsize=1)  # the batch the writer takes next
-    current = []  # the batch being stored, [(line, JobRequest)]
-
-    def taken():
-        while (item := handed.get()) is not None:
-            if isinstance(item, Exception):
-                raise item  # a bad line: every batch is rolled back
-            current[:] = item
-            yield [(job.message, job.priority, job.options) for _, job in item]
-
-    with ThreadPoolExecutor(1) as writer:
-        storing = writer.submit(store.enqueue_batches, args.project, taken(), progress.update)
-        try:
-            for batch in _checked_batches(args.file, args.batch_size, args.tags):
-                if not _hand_over(handed, batch, storing):
-                    break  # the writer failed: its error is the answer
-            _hand_over(handed, None, storing)
-        except RefusedJob as e:
-            _hand_over(handed, e, storing)
-        try:
-            queued = storing.result()
-        except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
-            progress.close()
-            return fail(f"{_on_its_line(e, current)}; nothing was queued")
+    batches = _LineBatches(args.file, args.batch_size, args.tags)
+    try:
+        queued = store.enqueue_batches(args.project, batches, progress.update)
+    except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
+        progress.close()
+        return fail(f"{_on_its_line(e, batches.current)}; nothing was queued")
     progress.close()
     seconds = time.monotonic() - started
     result = {"project": args.project, "queued": queued, "seconds": round(seconds, 3)}
@@ -278,39 +258,52 @@ def run_enqueue(args) -> int:
     return 0
 
 
-def _checked_batches(file, size: int, tags: str | None = None):
-    """The file's jobs, checked, in lists of ``size`` (line number, JobRequest); RefusedJob naming a bad line. ``tags``:
-    what a job without its own requires (``--tags``)."""
-    from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, parse_json
+class _LineBatches:
+    """The file's non-blank lines in batches of ``size`` (``current``: the batch being stored, as (line number,
+    text)); each batch a collection of its jobs, checked as they are read: (message, priority, options), RefusedJob
+    naming a bad line. ``tags``: what a job without its own requires (``--tags``). A batch's lines are all read before
+    its first job is checked, so a slow input never holds a statement open."""
 
-    batch = []
-    for number, text in enumerate(file, start=1):
-        if text.strip():
+    def __init__(self, file, size: int, tags: str | None = None):
+        self.file, self.size, self.tags = file, size, tags
+        self.current: list[tuple[int, str]] = []
+
+    def __iter__(self):
+        batch = []
+        for number, text in enumerate(self.file, start=1):
+            if text.strip():
+                batch.append((number, text))
+            if len(batch) >= self.size:
+                self.current, batch = batch, []
+                yield _CheckedLines(self.current, self.tags)
+        if batch:
+            self.current = batch
+            yield _CheckedLines(batch, self.tags)
+
+
+class _CheckedLines:
+    def __init__(self, lines: list[tuple[int, str]], tags: str | None):
+        self.lines, self.tags = lines, tags
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __iter__(self):
+        from scrapyd_pgqueue.store.common_jobs import job_from_json_text
+        from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, parse_json
+
+        for number, text in self.lines:
             try:
-                job = parse_json(text)
-                if tags is not None and isinstance(job, dict):
-                    job.setdefault("tags", tags)
-                batch.append((number, job_from_json(job)))
+                if self.tags is None:
+                    request = job_from_json_text(text)
+                else:
+                    job = parse_json(text)
+                    if isinstance(job, dict):
+                        job.setdefault("tags", self.tags)
+                    request = job_from_json(job)
             except (ValueError, RefusedJob) as e:
                 raise RefusedJob(f"line {number}: {e}") from None
-            if len(batch) >= size:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
-
-
-def _hand_over(handed, item, storing) -> bool:
-    """Give the writer ``item`` once it takes it; False when the writer has stopped (it failed)."""
-    import queue
-
-    while not storing.done():
-        try:
-            handed.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
+            yield request.message, request.priority, request.options
 
 
 def _on_its_line(error: Exception, batch: list) -> str:

@@ -14,8 +14,11 @@ One module per concern:
 - ``base``: what the others share: channels, limits, errors, shared rows, the operations' helpers.
 - ``queue``: enqueue (delayed, unique), claim (due jobs, per-spider limits), waiting jobs, notify (``JobStore``).
 - ``enqueue``: the rules of a job's columns and the one statement that stores a batch (delayed, unique, tree jobs).
-- ``staging``: big batches by COPY (the enqueue command): straight into spider_job, or through the staging table for
-  jobs with a unique key, ids reserved in the batch's order.
+- ``staging``: big batches by COPY (the enqueue command), each job checked as COPY reads it: straight into
+  spider_job, or through the staging table for jobs whose unique key is held and tree jobs, ids reserved in the
+  batch's order.
+- ``job_requests``: what a client may ask to schedule, the rules every way in applies; ``common_jobs``, their fast
+  path for the common job object (typed decoding in C, the same rules).
 - ``finishing``: start, finish or retry, prune, terminated jobs (``JobEnds``, in ``JobStore``).
 - ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
 - ``trees``: crawl trees: children placed in their parent's tree, tree-scoped keys, the tree's view and cancel

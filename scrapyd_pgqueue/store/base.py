@@ -223,6 +223,8 @@ def _plain(message: dict[str, Any]) -> bool:
 def check_priority(priority: Any) -> float:
     """A job's priority, by every way in (schedule.json's number, a batch's or a line's JSON, the Python API, a
     periodic job): a number, not a boolean, finite, of magnitude at most MAX_PRIORITY; else InvalidJobError."""
+    if type(priority) is float and -MAX_PRIORITY <= priority <= MAX_PRIORITY:  # most: no NaN or infinity passes
+        return priority
     if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not is_finite(priority):
         raise InvalidJobError(f"priority must be a finite number, not {priority!r}")
     if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
@@ -237,6 +239,8 @@ def is_finite(number: int | float) -> bool:
 
 def check_name(what: str, value: Any) -> str:
     """A project, spider, job id or version as the row's columns and indexes can hold it, else InvalidJobError."""
+    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_BYTES and "\x00" not in value:
+        return value  # most: ASCII text is as many bytes as characters, and always valid
     if not isinstance(value, str):
         raise InvalidJobError(f"{what} must be a string, not {type(value).__name__}")
     if not value:

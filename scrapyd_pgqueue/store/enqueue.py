@@ -128,18 +128,37 @@ _ROWS_ENCODER = msgspec.json.Encoder()
 def job_rows(project: str, jobs, numbered: bool) -> list[dict[str, Any]]:
     """The checked columns of each (message, priority[, options]); InvalidJobError or DuplicateJobError naming the
     job's index in a batch."""
-    rows = []
-    for index, (message, priority, *options) in enumerate(jobs):
-        try:
-            rows.append(_job_row(project, message, priority, options[0] if options else NO_OPTIONS))
-        except InvalidJobError as e:
-            raise InvalidJobError(f"job {index}: {e}" if numbered else str(e)) from None
-    for column, what in (("job", "job id"), ("unique_key", "unique_key")):  # tree keys: the first one wins
-        seen: dict[str, int] = {}
-        for index, row in enumerate(rows):
-            if row[column] is not None and seen.setdefault(row[column], index) != index:
-                raise DuplicateJobError(f"job {index}: {what} '{row[column]}' is also job {seen[row[column]]}")
+    rows = [checked_row(project, job, index, numbered) for index, job in enumerate(jobs)]
+    repeats = Repeats()
+    for index, row in enumerate(rows):
+        repeats.refuse(index, row)
     return rows
+
+
+def checked_row(project: str, job: tuple, index: int, numbered: bool = True) -> dict[str, Any]:
+    """The checked columns of one (message, priority[, options]), the ``index``-th of its batch (named in an
+    InvalidJobError where ``numbered``)."""
+    message, priority, *options = job
+    try:
+        return _job_row(project, message, priority, options[0] if options else NO_OPTIONS)
+    except InvalidJobError as e:
+        raise InvalidJobError(f"job {index}: {e}" if numbered else str(e)) from None
+
+
+class Repeats:
+    """A batch's job ids and unique keys so far: a second job with either is refused (DuplicateJobError naming both
+    jobs' indexes; tree keys are not among them: the first job with one wins)."""
+
+    def __init__(self):
+        self.jobs: dict[str, int] = {}
+        self.keys: dict[str, int] = {}
+
+    def refuse(self, index: int, row: dict[str, Any]) -> None:
+        if self.jobs.setdefault(row["job"], index) != index:
+            raise DuplicateJobError(f"job {index}: job id '{row['job']}' is also job {self.jobs[row['job']]}")
+        key = row["unique_key"]
+        if key is not None and self.keys.setdefault(key, index) != index:
+            raise DuplicateJobError(f"job {index}: unique_key '{key}' is also job {self.keys[key]}")
 
 
 def _job_row(project: str, message: dict[str, Any], priority: float, options: JobOptions) -> dict[str, Any]:
@@ -191,11 +210,12 @@ def in_request_order(rows: list[dict[str, Any]], returned) -> list[Enqueued]:
     return [Enqueued(row.id, row.job, row.existing) for row in found if row is not None]
 
 
-def refuse_existing_keys(rows: list[dict[str, Any]], enqueued: list[Enqueued]) -> None:
-    """DuplicateJobError for the first job whose unique key (with on_conflict "error") a waiting job held."""
+def refuse_existing_keys(rows: list[dict[str, Any]], enqueued: list[Enqueued], positions: list[int] | None = None):
+    """DuplicateJobError for the first job whose unique key (with on_conflict "error") a waiting job held, named by
+    its place in ``rows`` (or in its batch: ``positions``)."""
     for index, (row, result) in enumerate(zip(rows, enqueued)):
         if row["on_conflict"] == ERROR and result.existing:
-            where = f"job {index}: " if len(rows) > 1 else ""
+            where = f"job {positions[index]}: " if positions is not None else f"job {index}: " if len(rows) > 1 else ""
             raise DuplicateJobError(
                 f"{where}unique_key '{row['unique_key']}' is held by waiting job '{result.job}' of project "
                 f"'{row['project']}'"
@@ -203,16 +223,22 @@ def refuse_existing_keys(rows: list[dict[str, Any]], enqueued: list[Enqueued]) -
 
 
 @contextlib.contextmanager
-def duplicates_refused(project: str, jobs: list[str]):
-    """The live-job unique index's refusal as DuplicateJobError, naming the job (and its place in a batch)."""
+def duplicates_refused(project: str, jobs: list[str], keys: list[str | None] = ()):
+    """The live-job unique index's refusal as DuplicateJobError, naming the job (and its place in a batch); the
+    waiting-key index's (a job copied with a key that a concurrent schedule took; ``keys`` by place) likewise."""
     try:
         yield
     except IntegrityError as e:
-        if not (getattr(e.orig, "diag", None) and e.orig.diag.constraint_name == "spider_job_live_job_key"):
+        constraint = getattr(e.orig, "diag", None) and e.orig.diag.constraint_name
+        if constraint not in ("spider_job_live_job_key", "spider_job_waiting_unique_key"):
             raise
         detail = e.orig.diag.message_detail or ""  # Key (project, job)=(p, j) already exists.
-        index = next((i for i, job in enumerate(jobs) if detail.endswith(f", {job}) already exists.")), 0)
+        values = jobs if constraint == "spider_job_live_job_key" else keys
+        index = next((i for i, value in enumerate(values) if detail.endswith(f", {value}) already exists.")), 0)
         where = f"job {index}: " if len(jobs) > 1 else ""
+        if constraint == "spider_job_waiting_unique_key":
+            raise DuplicateJobError(f"{where}unique_key '{keys[index]}' was taken by a job scheduled meanwhile in "
+                                    f"project '{project}'") from None
         raise DuplicateJobError(
             f"{where}job id '{jobs[index]}' is already pending or running in project '{project}'"
         ) from None

@@ -6,7 +6,7 @@ jobs, notify; ``JobStore``, which also holds how jobs end (``finishing.JobEnds``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -154,48 +154,62 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         with db.autocommit(self.engine) as connection:
             return [row.job for row in connection.execute(trees.PARENTS_OUTSIDE_TREE, params)]
 
-    def enqueue_batches(self, project: str, batches: Iterable[list], stored: Callable[[int], None]) -> int:
-        """Add every batch of ``batches`` (lists of (message, priority[, options]), read as they come: a stream of
-        any length) in one transaction, all or none; ``stored(n)`` after each batch of n jobs. How many jobs.
+    def enqueue_batches(self, project: str, batches: Iterable[Collection], stored: Callable[[int], None]) -> int:
+        """Add every batch of ``batches`` (collections of (message, priority[, options]), read as they come: a stream
+        of any length; a batch's length bounds how many jobs it yields) in one transaction, all or none;
+        ``stored(n)`` after each batch of n jobs. How many jobs.
 
-        An error of a batch (InvalidJobError, DuplicateJobError naming the job's index in its batch), or one raised
-        by ``batches`` itself (a bad line after them), rolls every batch back. Not retried: ``batches`` is read once.
+        A process that can COPY checks each batch's jobs while the database stores the ones before them
+        (``staging.stream_jobs``). An error of a batch (InvalidJobError, DuplicateJobError naming the job's index in
+        its batch), or one raised by ``batches`` itself (a bad line), rolls every batch back. Not retried:
+        ``batches`` is read once.
         """
         total = 0
         # The transaction lasts as long as the stream; each batch has the time of one operation.
         with db.operation(self.engine, math.inf), db.transaction(self.engine) as connection:
             for jobs in batches:
                 with waits.deadline(self.engine.timeout):
-                    rows = enqueue.job_rows(project, jobs, numbered=True)
-                    if rows:
-                        self._store_rows(connection, project, rows, first=total)
-                total += len(rows)
-                stored(len(rows))
+                    if staging.copy_allowed():
+                        count = staging.stream_jobs(
+                            connection, project, jobs, len(jobs),
+                            lambda rows, positions, ids: self._store_rows(connection, project, rows, positions, ids))
+                    else:
+                        rows = enqueue.job_rows(project, jobs, numbered=True)
+                        count = len(self._store_rows(connection, project, rows)) if rows else 0
+                    if count is None:
+                        raise db.too_late(self.engine, "no job was stored")
+                total += count
+                stored(count)
         return total
 
     def _enqueue(self, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
         if not rows:
             return []
-        alone = not (staging.staged(rows) or trees.needs_trees(rows) or _refuses_existing(rows))
+        alone = not (trees.needs_trees(rows) or _refuses_existing(rows))
         with (db.autocommit if alone else db.transaction)(self.engine) as connection:
             return self._store_rows(connection, project, rows)
 
-    def _store_rows(self, connection, project: str, rows: list[dict[str, Any]], first: int = 0) -> list[Enqueued]:
-        """Store ``rows`` on ``connection`` (in a transaction unless a single statement does it all), after the
-        ``first`` jobs the transaction stored already."""
+    def _store_rows(self, connection, project: str, rows: list[dict[str, Any]], positions: list[int] | None = None,
+                    ids: list[int] | None = None) -> list[Enqueued]:
+        """Store ``rows`` on ``connection`` (in a transaction unless a single statement does it all); ``positions``
+        and reserved ``ids``: a batch's jobs set aside by ``staging.stream_jobs``, at those places in its batch."""
         in_trees = trees.needs_trees(rows)
         known = trees.place_in_trees(connection, project, rows, self.tree_max_jobs) if in_trees else {}
-        new = [row for index, row in enumerate(rows) if index not in known]
-        if staging.staged(new):
-            inserted = staging.copy_jobs(connection, project, new, first)
+        new = [index for index in range(len(rows)) if index not in known]
+        new_rows = [rows[index] for index in new]
+        if not new_rows:
+            inserted = []
+        elif ids is not None:
+            inserted = staging.stage_jobs(connection, project, new_rows, [ids[index] for index in new])
         else:
-            inserted = enqueue.insert_jobs(connection, project, new) if new else []
-        if new and not inserted:
+            inserted = enqueue.insert_jobs(connection, project, new_rows)
+        if new_rows and not inserted:
             raise db.too_late(self.engine, "no job was stored")
-        if _refuses_existing(rows):
-            enqueue.refuse_existing_keys(new, inserted)  # rolls the batch back
+        if _refuses_existing(rows):  # rolls the batch back
+            enqueue.refuse_existing_keys(new_rows, inserted, None if positions is None else
+                                         [positions[index] for index in new])
         if in_trees:
-            trees.start_trees(connection, new, inserted)
+            trees.start_trees(connection, new_rows, inserted)
         placed = iter(inserted)
         return [known[index] if index in known else next(placed) for index in range(len(rows))]
 

@@ -1,44 +1,56 @@
 """Big batches by COPY, for a process whose driver can COPY (the ``enqueue`` command: ``waits.copy_allowed``).
 
-Ids are reserved for the whole batch first, in its order, so the jobs keep their order (and the claim's among equal
-priorities) whichever way each goes: a job without a unique key is copied straight into spider_job, as a row of its
-own (its due time and status worked out from the transaction's ``now()``, which every statement of the transaction
-reads alike); a job with a key is copied into spider_job_staging, then moved by ``enqueue.INSERT_BATCH``, which
-applies the key's rules (replace, keep, error).
+A batch's ids are reserved first, in its order, so its jobs keep their order (and the claim's among equal
+priorities) whichever way each goes. A job without a unique key or a tree (most of a bulk schedule) is copied
+straight into spider_job while the batch is read: each job is checked as COPY asks for more rows, so the server
+stores one stretch of the batch while this process checks the next, and a batch costs the slower of the two rather
+than their sum. Its due time and status are worked out from the transaction's ``now()``, which every statement of the
+transaction reads alike. The other jobs are set aside and stored after the COPY by the caller (``place_aside``):
+copied into spider_job_staging with their reserved ids, then moved by ``enqueue.INSERT_BATCH``, which applies the
+unique key's rules (replace, keep, error) and the tree's.
 """
 
 from __future__ import annotations
 
 import datetime
 import io
-from typing import Any
+import re
+from typing import Any, Callable, Iterable
 
-from scrapyd_pgqueue.store import waits
+from scrapyd_pgqueue.store import db, waits
 from scrapyd_pgqueue.store.sql import text
-from scrapyd_pgqueue.store.base import NODES_WANT_WORK, Enqueued
+from scrapyd_pgqueue.store.base import NODES_WANT_WORK, NOTIFY_CHANNEL, Enqueued
 from scrapyd_pgqueue.store.enqueue import (
     ENQUEUE_COLUMNS,
     INSERT_BATCH,
+    Repeats,
+    checked_row,
     duplicates_refused,
     in_request_order,
     insert_params,
 )
 
-# Batches from this size are copied: below it, the extra round trips cost more than COPY saves.
-STAGED_FROM_JOBS = 100
-
-# :count ids for a batch, in its order, and the transaction's time (its jobs' creation and, for most, due time). None
-# once the caller's time ran out (see enqueue.INSERT_BATCH).
+# :count ids for a batch, in its order, the transaction's time (its jobs' creation and, for most, due time), and the
+# project's routes (spider -> the tags its jobs require, for the jobs without tags of their own). None once the
+# caller's time ran out (see enqueue.INSERT_BATCH).
 RESERVE_IDS = text("""
-    SELECT array_agg(nextval('spider_job_id_seq') ORDER BY n) AS ids, now() AS now FROM generate_series(1, :count) AS n
+    SELECT array_agg(nextval('spider_job_id_seq') ORDER BY n) AS ids, now() AS now,
+           (SELECT coalesce(json_object_agg(spider, pool), '{}') FROM spider_route WHERE project = :project) AS routes
+    FROM generate_series(1, :count) AS n
     WHERE clock_timestamp() < to_timestamp(:answer_by)
     HAVING count(*) > 0
 """)
-# Jobs without a unique key, straight into the queue; the tree trigger counts tree jobs as for an INSERT.
-COPY_JOBS = ("COPY spider_job (id, project, spider, job, version, priority, message, status, run_at, retries, "
-             "retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, pool, created_time) "
-             "FROM STDIN")
-# Jobs with a unique key, into the staging table (batch: the transaction's id, by default).
+# Jobs without a unique key or a tree, straight into the queue.
+COPY_JOBS = ("COPY spider_job (id, project, spider, job, version, priority, message, status, run_at, unique_key, "
+             "retries, retry_delay, periodic, max_runtime, stall_timeout, pool, created_time) FROM STDIN")
+# Which of :keys waiting jobs of the project hold (spider_job_waiting_unique_key, one probe a key): a new job with
+# another key goes straight into spider_job (within the transaction, a concurrent schedule of the same key makes the
+# COPY fail: DuplicateJobError, nothing stored).
+HELD_KEYS = text("""
+    SELECT unique_key FROM spider_job
+    WHERE project = :project AND unique_key = ANY(CAST(:keys AS text[])) AND status IN ('delayed', 'pending')
+""")
+# Jobs with a held unique key or a tree, into the staging table (batch: the transaction's id, by default).
 STAGE_JOBS = ("COPY spider_job_staging (id, n, spider, job, version, priority, message, run_at_epoch, delay, "
               "unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, "
               "pool) FROM STDIN")  # after id and n, enqueue.ENQUEUE_COLUMNS
@@ -47,69 +59,144 @@ STAGE_JOBS = ("COPY spider_job_staging (id, n, spider, job, version, priority, m
 MOVE_STAGED_JOBS = text(INSERT_BATCH.format(id="id, ", batch="""batch AS (
         DELETE FROM spider_job_staging WHERE batch = txid_current() AND n >= :first RETURNING *
     )"""))
-# The project's routes (spider -> the tags its jobs require), for the jobs copied straight in without tags of their own.
-PROJECT_ROUTES = text("SELECT spider, pool FROM spider_route WHERE project = :project")
 # Wakes idle nodes at commit, once per transaction, if any node wants work (store/base.NODES_WANT_WORK).
 NOTIFY_JOBS = text(f"SELECT pg_notify(:channel, '') WHERE {NODES_WANT_WORK}")
+# Rows of checked jobs a read of the COPY hands the driver: enough to keep the server busy between two reads.
+ROWS_PER_READ = 500
 
 
-def staged(rows: list[dict[str, Any]]) -> bool:
-    """Whether ``rows`` go in by COPY (in a transaction: the reserved ids, the COPY, the move)."""
-    return len(rows) >= STAGED_FROM_JOBS and waits.copy_allowed()
+def copy_allowed() -> bool:
+    """Whether this process's connections can COPY (the enqueue command's)."""
+    return waits.copy_allowed()
 
 
-def copy_jobs(connection, project: str, rows: list[dict[str, Any]], first: int = 0) -> list[Enqueued]:
-    """Store ``rows`` (from ``enqueue.job_rows``) on ``connection``, in the caller's transaction, after the ``first``
-    jobs the transaction stored already; say where each job went, in their order (empty: the caller's time ran out)."""
-    params = insert_params(rows)
-    reserved = connection.execute(RESERVE_IDS, {"count": len(rows), "answer_by": params["answer_by"]}).first()
+def stream_jobs(connection, project: str, jobs: Iterable[tuple], count: int,
+                place_aside: Callable[[list[dict[str, Any]], list[int], list[int]], object]) -> int | None:
+    """Store the at most ``count`` jobs that ``jobs`` yields ((message, priority[, options]), checked as they are
+    read) on ``connection``, in the caller's transaction; how many (None: the caller's time ran out).
+
+    The jobs without a unique key or a tree are copied as they are checked; then those whose unique key no waiting
+    job holds (HELD_KEYS), with their reserved ids. ``place_aside(rows, positions, ids)`` stores the rest (a key
+    held, a tree) with their positions in the batch and their reserved ids. An InvalidJobError or DuplicateJobError
+    names a job by its position in the batch; an error raised by ``jobs`` itself is raised as it is."""
+    params = {"channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
+    reserved = connection.execute(RESERVE_IDS, {"project": project, "count": count,
+                                                "answer_by": params["answer_by"]}).first()
     if reserved is None:
-        return []
-    ids, now = reserved.ids, reserved.now
-    plain = [index for index, row in enumerate(rows) if row["unique_key"] is None]
-    keyed = [index for index, row in enumerate(rows) if row["unique_key"] is not None]
-    enqueued: dict[int, Enqueued] = {}
-    with duplicates_refused(project, [row["job"] for row in rows]):
-        if plain:
-            now_text = now.isoformat()
-            routes = dict(connection.execute(PROJECT_ROUTES, {"project": project}).all())
-            connection.copy_in(COPY_JOBS, _lines(_queue_row(ids[i], rows[i], now, now_text, routes) for i in plain))
+        return None
+    source = _CheckedJobs(project, jobs, reserved.ids, reserved.now, reserved.routes)
+    with duplicates_refused(project, source.job_ids, source.keys):
+        try:
+            connection.copy_in(COPY_JOBS, source)
+        except Exception:
+            if source.error is not None:
+                raise source.error from None
+            raise
+        aside = source.aside
+        if aside:
+            keys = [row["unique_key"] for _, row in aside if row["unique_key"] is not None]
+            held = set(connection.execute(HELD_KEYS, {"project": project, "keys": keys}).scalars()) if keys else ()
+            free = [(position, row) for position, row in aside if _straight(row, held)]
+            if free:
+                connection.copy_in(COPY_JOBS, io.BytesIO("".join(
+                    source.queue_line(reserved.ids[position], row) for position, row in free).encode()))
+                aside = [(position, row) for position, row in aside if not _straight(row, held)]
+        if source.copied or len(aside) < len(source.aside):
             connection.execute(NOTIFY_JOBS, params)
-            enqueued.update((i, Enqueued(ids[i], rows[i]["job"])) for i in plain)
-        if keyed:
-            staged_lines = (
-                [ids[i], first + i, *(rows[i][column] for column in ENQUEUE_COLUMNS)] for i in keyed)
-            connection.copy_in(STAGE_JOBS, _lines(staged_lines))
-            moved = connection.execute(MOVE_STAGED_JOBS, {**params, "first": first}).all()
-            enqueued.update(zip(keyed, in_request_order([rows[i] for i in keyed], moved)))
-    return [enqueued[index] for index in range(len(rows))]
+        if aside:
+            positions = [position for position, _ in aside]
+            place_aside([row for _, row in aside], positions, [reserved.ids[i] for i in positions])
+    return len(source.job_ids)
 
 
-def _queue_row(id: int, row: dict[str, Any], now: datetime.datetime, now_text: str, routes: dict[str, str]) -> list:
-    """A job's columns as INSERT_BATCH would write them, in COPY_JOBS' order (times as text: most are ``now``; the
-    pool its own tags, else its spider's route, else any node)."""
-    if row["run_at"] is not None:
-        due = datetime.datetime.fromtimestamp(row["run_at"], datetime.timezone.utc)
-    elif row["delay"] is not None:
-        due = now + datetime.timedelta(seconds=row["delay"])
-    else:
-        due = now
-    return [id, row["project"], row["spider"], row["job"], row["version"], row["priority"], row["message"],
-            "delayed" if due > now else "pending", now_text if due == now else due.isoformat(), row["retries"],
-            row["retry_delay"], row["periodic"], row["parent"], row["parent_id"], row["tree_id"], row["max_runtime"],
-            row["stall_timeout"], routes.get(row["spider"], "") if row["pool"] is None else row["pool"], now_text]
+def _straight(row: dict[str, Any], held) -> bool:
+    """Whether a job goes straight into spider_job: no tree, and no unique key, or one no waiting job holds."""
+    return row["unique_key"] not in held and row["parent"] is None and row["tree_key"] is None \
+        and row["on_complete"] is None
 
 
-def _lines(rows) -> io.BytesIO:
-    """``rows`` (lists of values) in COPY's text format."""
-    lines = []
-    for values in rows:
-        lines.append("\t".join(
-            "\\N" if value is None else _copy_text(value) if isinstance(value, str)
-            else repr(value) if isinstance(value, float) else str(value)
-            for value in values))
-    lines.append("")
-    return io.BytesIO("\n".join(lines).encode())
+def stage_jobs(connection, project: str, rows: list[dict[str, Any]], ids: list[int]) -> list[Enqueued]:
+    """Store ``rows`` (from ``enqueue.checked_row``) with their reserved ``ids`` (increasing) through the staging
+    table, in the caller's transaction; say where each went, in their order. A row's place n is its id: the move
+    inserts in id order, and skips the transaction's earlier batches by it."""
+    staged = ([id, id, *(row[column] for column in ENQUEUE_COLUMNS)] for id, row in zip(ids, rows))
+    connection.copy_in(STAGE_JOBS, io.BytesIO("".join(_copy_line(values) for values in staged).encode()))
+    moved = connection.execute(MOVE_STAGED_JOBS, {**insert_params(rows), "first": ids[0]}).all()
+    return in_request_order(rows, moved)
+
+
+class _CheckedJobs:
+    """The COPY text of a batch's jobs without a key or a tree, made as the driver reads it; the others set aside. An
+    error while reading (a bad job) is kept in ``error`` and ends the COPY (the driver reports only its text)."""
+
+    def __init__(self, project: str, jobs: Iterable[tuple], ids: list[int], now: datetime.datetime,
+                 routes: dict[str, str]):
+        self.project, self.jobs, self.ids, self.routes = project, enumerate(jobs), ids, routes
+        self.now, self.now_text = now, now.isoformat()
+        self.repeats = Repeats()
+        self.job_ids: list[str] = []  # by position, for duplicates_refused
+        self.keys: list[str | None] = []
+        self.aside: list[tuple[int, dict[str, Any]]] = []
+        self.copied = 0
+        self.error: Exception | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._next_rows()
+        except Exception as e:
+            self.error = e
+            raise
+
+    def _next_rows(self) -> bytes:
+        lines = []
+        for position, job in self.jobs:
+            row = checked_row(self.project, job, position)
+            self.repeats.refuse(position, row)
+            self.job_ids.append(row["job"])
+            self.keys.append(row["unique_key"])
+            if row["unique_key"] is None and _straight(row, ()):
+                lines.append(self.queue_line(self.ids[position], row))
+                if len(lines) >= ROWS_PER_READ:
+                    break
+            else:
+                self.aside.append((position, row))
+        self.copied += len(lines)
+        return "".join(lines).encode()
+
+    def queue_line(self, id: int, row: dict[str, Any]) -> str:
+        """A job's row in COPY_JOBS' columns, as INSERT_BATCH would write it (times as text: most are ``now``; the
+        pool its own tags, else its spider's route, else any node). The line of the common job (text that needs no
+        escape, no version, periodic or limits) is written at once; any other, value by value."""
+        if row["run_at"] is not None:
+            due = datetime.datetime.fromtimestamp(row["run_at"], datetime.timezone.utc)
+        elif row["delay"] is not None:
+            due = self.now + datetime.timedelta(seconds=row["delay"])
+        else:
+            due = self.now
+        status = "delayed" if due > self.now else "pending"
+        run_at = self.now_text if due is self.now else due.isoformat()
+        pool = self.routes.get(row["spider"], "") if row["pool"] is None else row["pool"]
+        texts = row["project"] + row["spider"] + row["job"] + row["message"] + pool
+        if (row["version"] is None and row["unique_key"] is None and row["periodic"] is None
+                and row["max_runtime"] is None and row["stall_timeout"] is None and not _NEEDS_ESCAPE.search(texts)):
+            return (f"{id}\t{row['project']}\t{row['spider']}\t{row['job']}\t\\N\t{row['priority']!r}\t"
+                    f"{row['message']}\t{status}\t{run_at}\t\\N\t{row['retries']}\t{row['retry_delay']!r}\t"
+                    f"\\N\t\\N\t\\N\t{pool}\t{self.now_text}\n")
+        return _copy_line([id, row["project"], row["spider"], row["job"], row["version"], row["priority"],
+                           row["message"], status, run_at, row["unique_key"], row["retries"], row["retry_delay"],
+                           row["periodic"], row["max_runtime"], row["stall_timeout"], pool, self.now_text])
+
+
+# What COPY's text format must escape in a value: backslash, tab, newline, carriage return.
+_NEEDS_ESCAPE = re.compile(r"[\\\t\n\r]")
+
+
+def _copy_line(values: list) -> str:
+    """``values`` as a line of COPY's text format."""
+    return "\t".join(
+        "\\N" if value is None else _copy_text(value) if isinstance(value, str)
+        else repr(value) if isinstance(value, float) else str(value)
+        for value in values) + "\n"
 
 
 def _copy_text(value: str) -> str:
