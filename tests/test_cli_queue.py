@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import subprocess
+import time
 
 import pytest
 from sqlalchemy import make_url
@@ -236,6 +237,8 @@ def test_enqueue_in_batches_keeps_unique_keys_trees_delays_priority_and_file_ord
              for i in range(300)]
     lines[10].update(unique_key="k-replace", args={"v": "new"})
     lines[20].update(unique_key="k-keep", on_conflict="keep", args={"v": "new"})
+    for i in (100, 101, 250):  # keys no waiting job holds: copied straight in, in their place
+        lines[i]["unique_key"] = f"k-new-{i}"
     for i in range(30, 60):
         lines[i]["delay"] = 3600
     for i in range(200, 210):
@@ -263,6 +266,8 @@ def test_enqueue_in_batches_keeps_unique_keys_trees_delays_priority_and_file_ord
     waiting = [line for i, line in enumerate(lines) if i not in (10, 20) and not 30 <= i < 60]
     assert claim_order == [line["jobid"] for line in sorted(waiting, key=lambda line: -line["priority"])]
     assert replaced.job == "held-r"
+    new_keys = query(database_url, "SELECT job, unique_key FROM spider_job WHERE unique_key LIKE 'k-new-%%'")
+    assert dict(new_keys) == {f"j{i:03}": f"k-new-{i}" for i in (100, 101, 250)}
 
 
 def test_enqueue_refusing_a_held_key_in_its_second_batch_stores_nothing_and_names_the_line(database_url, store,
@@ -276,6 +281,33 @@ def test_enqueue_refusing_a_held_key_in_its_second_batch_stores_nothing_and_name
     assert "line 251: unique_key 'k' is held by waiting job 'held'" in result.stderr
     assert "nothing was queued" in result.stderr
     assert [message["_job"] for message in store.list_pending("example")] == ["held"]
+
+
+def test_a_new_key_another_client_schedules_meanwhile_stops_the_enqueue_naming_its_line(database_url, store,
+                                                                                        admin_connection, tmp_path):
+    """A key no waiting job held when the batch was checked, taken by a schedule that commits while the command copies
+    its batch: the command stops with that key named, and nothing of its input is queued."""
+    lines = [{"spider": "s", "jobid": f"j{i}", **({"unique_key": "k"} if i == 150 else {})} for i in range(300)]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    admin_connection.autocommit = False
+    with admin_connection.cursor() as cursor:  # the other client's schedule, not committed yet
+        cursor.execute("INSERT INTO spider_job (project, spider, job, priority, message, status, unique_key, "
+                       "created_time) VALUES ('example', 's', 'other', 0, '{}', 'pending', 'k', now())")
+    env = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
+    env["SCRAPYD_DATABASE_URL"] = database_url
+    command = subprocess.Popen([COMMAND, "enqueue", "--project", "example", str(path)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'COPY spider_job %%'"
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=60)
+    while query(database_url, waiting) != [(1,)]:  # the command's COPY waits for the other schedule's key
+        assert command.poll() is None and datetime.datetime.now() < deadline, command.communicate()
+        time.sleep(0.05)
+    admin_connection.commit()
+    _, stderr = command.communicate(timeout=60)
+    assert command.returncode == 1
+    assert "line 151: unique_key 'k' was taken by a job scheduled meanwhile" in stderr and "nothing was queued" in stderr
+    assert [message.get("_job") for message in store.list_pending("example")] == [None]  # the other client's only
 
 
 def test_a_bad_line_in_the_middle_of_a_million_stores_nothing_and_names_its_line(database_url, store):
