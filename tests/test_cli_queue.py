@@ -310,6 +310,15 @@ def test_a_new_key_another_client_schedules_meanwhile_stops_the_enqueue_naming_i
     assert [message.get("_job") for message in store.list_pending("example")] == [None]  # the other client's only
 
 
+def test_a_batch_size_out_of_range_is_refused_before_anything_is_read(database_url, store, tmp_path):
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"spider": "s"}\n')
+    for size in ("0", "100001", "many"):
+        result = run(database_url, "enqueue", "--project", "example", "--batch-size", size, str(path), expect=2)
+        assert f"not a number of jobs from 1 to 100,000: '{size}'" in result.stderr
+    assert store.count_pending("example") == 0
+
+
 def test_a_bad_line_in_the_middle_of_a_million_stores_nothing_and_names_its_line(database_url, store):
     """The lines are made as the command reads them (standard input): memory stays flat on both sides."""
     bad = 500_001

@@ -55,7 +55,8 @@ def add_commands(commands, database_url_argument) -> None:
                          help='JSON Lines: {"spider": ..., "priority": ..., "jobid": ..., "args": {...}, '
                               '"settings": {...}, "version": ...} a line; - for standard input')
     enqueue.add_argument("--project", required=True, help="the project of every job")
-    enqueue.add_argument("--batch-size", type=int, default=20000, help="jobs stored per COPY (default 20000)")
+    enqueue.add_argument("--batch-size", type=batch_size, default=20000,
+                         help=f"jobs a batch (a COPY), 1 to {MAX_BATCH_SIZE:,} (default 20,000)")
     enqueue.add_argument("--tags", metavar="TAG,TAG",
                          help="the _tags of every job without its own \"tags\" (default: each spider's route)")
 
@@ -63,6 +64,22 @@ def add_commands(commands, database_url_argument) -> None:
     prune.add_argument("--keep", type=int, help="keep only the newest N finished jobs")
     prune.add_argument("--older-than", type=duration, metavar="AGE",
                        help="delete finished jobs that ended more than AGE ago: 90s, 30m, 12h, 7d, 2w")
+
+
+# A batch's jobs are checked while its COPY runs, and one statement has the time of one operation
+# (database_timeout): a batch stays well inside it on a loaded machine.
+MAX_BATCH_SIZE = 100_000
+
+
+def batch_size(text: str) -> int:
+    """--batch-size: a whole number of jobs from 1 to MAX_BATCH_SIZE."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"not a number of jobs from 1 to {MAX_BATCH_SIZE:,}: {text!r}")
+    return size
 
 
 def duration(text: str) -> datetime.timedelta:

@@ -102,7 +102,7 @@ ENQUEUE_JOBS = text(INSERT_BATCH.format(id="", batch="""batch AS (
 def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
     """Store ``rows`` (from ``job_rows``) on ``connection`` with ENQUEUE_JOBS, in a transaction of the caller's (a
     periodic firing) or alone; say where each job went, in their order. Empty when the caller's time ran out.
-    (A big batch of a process that can COPY goes through ``staging.copy_jobs`` instead.)"""
+    (The enqueue command's batches go through ``staging.stream_jobs`` instead.)"""
     params = {**insert_params(rows), "rows": json_rows(rows)}
     with duplicates_refused(project, [row["job"] for row in rows]):
         return in_request_order(rows, connection.execute(ENQUEUE_JOBS, params).all())

@@ -169,7 +169,7 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         with db.operation(self.engine, math.inf), db.transaction(self.engine) as connection:
             for jobs in batches:
                 with waits.deadline(self.engine.timeout):
-                    if staging.copy_allowed():
+                    if waits.copy_allowed():
                         count = staging.stream_jobs(
                             connection, project, jobs, len(jobs),
                             lambda rows, positions, ids: self._store_rows(connection, project, rows, positions, ids))

@@ -5,9 +5,10 @@ priorities) whichever way each goes. A job without a unique key or a tree (most 
 straight into spider_job while the batch is read: each job is checked as COPY asks for more rows, so the server
 stores one stretch of the batch while this process checks the next, and a batch costs the slower of the two rather
 than their sum. Its due time and status are worked out from the transaction's ``now()``, which every statement of the
-transaction reads alike. The other jobs are set aside and stored after the COPY by the caller (``place_aside``):
-copied into spider_job_staging with their reserved ids, then moved by ``enqueue.INSERT_BATCH``, which applies the
-unique key's rules (replace, keep, error) and the tree's.
+transaction reads alike. Jobs with a unique key wait for the end of that COPY: those whose key no waiting job holds
+are copied in the same way (one index probe a key); the rest, and tree jobs, are stored by the caller
+(``place_aside``): copied into spider_job_staging with their reserved ids, then moved by ``enqueue.INSERT_BATCH``,
+which applies the unique key's rules (replace, keep, error) and the tree's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import io
 import re
 from typing import Any, Callable, Iterable
 
-from scrapyd_pgqueue.store import db, waits
+from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import NODES_WANT_WORK, NOTIFY_CHANNEL, Enqueued
 from scrapyd_pgqueue.store.enqueue import (
@@ -63,11 +64,6 @@ MOVE_STAGED_JOBS = text(INSERT_BATCH.format(id="id, ", batch="""batch AS (
 NOTIFY_JOBS = text(f"SELECT pg_notify(:channel, '') WHERE {NODES_WANT_WORK}")
 # Rows of checked jobs a read of the COPY hands the driver: enough to keep the server busy between two reads.
 ROWS_PER_READ = 500
-
-
-def copy_allowed() -> bool:
-    """Whether this process's connections can COPY (the enqueue command's)."""
-    return waits.copy_allowed()
 
 
 def stream_jobs(connection, project: str, jobs: Iterable[tuple], count: int,
@@ -154,7 +150,7 @@ class _CheckedJobs:
             self.repeats.refuse(position, row)
             self.job_ids.append(row["job"])
             self.keys.append(row["unique_key"])
-            if row["unique_key"] is None and _straight(row, ()):
+            if row["unique_key"] is None and _straight(row, ()):  # a key waits for the probe of held keys
                 lines.append(self.queue_line(self.ids[position], row))
                 if len(lines) >= ROWS_PER_READ:
                     break
