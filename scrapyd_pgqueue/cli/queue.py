@@ -299,6 +299,8 @@ class _LineBatches:
 
 
 class _CheckedLines:
+    """One batch of lines: its length known, its jobs checked as they are read (the fast path unless ``--tags``)."""
+
     def __init__(self, lines: list[tuple[int, str]], tags: str | None):
         self.lines, self.tags = lines, tags
 
