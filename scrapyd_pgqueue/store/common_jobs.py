@@ -11,6 +11,7 @@ comes out exactly as the general path makes it (tests/test_store_common_jobs.py 
 from __future__ import annotations
 
 import uuid
+
 import msgspec
 
 from scrapyd_pgqueue.store.job_requests import (

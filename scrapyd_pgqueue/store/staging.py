@@ -92,11 +92,10 @@ def stream_jobs(connection, project: str, jobs: Iterable[tuple], count: int,
         if aside:
             keys = [row["unique_key"] for _, row in aside if row["unique_key"] is not None]
             held = set(connection.execute(HELD_KEYS, {"project": project, "keys": keys}).scalars()) if keys else ()
-            free = [(position, row) for position, row in aside if _straight(row, held)]
+            free, aside = _split(aside, held)
             if free:
                 connection.copy_in(COPY_JOBS, io.BytesIO("".join(
                     source.queue_line(reserved.ids[position], row) for position, row in free).encode()))
-                aside = [(position, row) for position, row in aside if not _straight(row, held)]
         if source.copied or len(aside) < len(source.aside):
             connection.execute(NOTIFY_JOBS, params)
         if aside:
@@ -109,6 +108,14 @@ def _straight(row: dict[str, Any], held) -> bool:
     """Whether a job goes straight into spider_job: no tree, and no unique key, or one no waiting job holds."""
     return row["unique_key"] not in held and row["parent"] is None and row["tree_key"] is None \
         and row["on_complete"] is None
+
+
+def _split(aside: list[tuple[int, dict[str, Any]]], held) -> tuple[list, list]:
+    """The set-aside jobs that go straight into spider_job (``_straight``), and the others, each in batch order."""
+    straight, others = [], []
+    for placed in aside:
+        (straight if _straight(placed[1], held) else others).append(placed)
+    return straight, others
 
 
 def stage_jobs(connection, project: str, rows: list[dict[str, Any]], ids: list[int]) -> list[Enqueued]:
