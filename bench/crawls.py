@@ -16,9 +16,11 @@ def spider_created(records: Path, job: str) -> float | None:
     return next((run["started"] for run in map(json.loads, lines) if run["job"] == job), None)
 
 
-def post_batch(node_url: str, batch: dict, timeout: float, suite: str) -> dict:
-    """``schedule_batch.json`` with a JSON body; a refused batch stops the suite with the node's message."""
-    request = urllib.request.Request(f"{node_url}schedule_batch.json", data=json.dumps(batch).encode(),
+def post_batch(node_url: str, batch: dict | bytes, timeout: float, suite: str) -> dict:
+    """``schedule_batch.json`` with a JSON body (or its text, made beforehand); a refused batch stops the suite with
+    the node's message."""
+    body = batch if isinstance(batch, bytes) else json.dumps(batch).encode()
+    request = urllib.request.Request(f"{node_url}schedule_batch.json", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         answer = json.load(response)

@@ -131,7 +131,7 @@ def application(config):
     from scrapyd_pgqueue import config as pgconfig
     from scrapyd_pgqueue.store import db, roles
     from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
-    from scrapyd_pgqueue.node import crawl_keys, spider_list
+    from scrapyd_pgqueue.node import copy_writer, crawl_keys, spider_list
     from scrapyd_pgqueue.web.request_limits import judge_requests_on_their_headers
 
     make_not_dumpable()  # crawls run as this user: they must not read its environment or memory
@@ -146,7 +146,9 @@ def application(config):
     roles.warn_if_privileged(db.engine_for_settings(settings))
     app = scrapyd_application(config)
     judge_requests_on_their_headers(app, config, settings)
-    spider_list.install(app, crawl_keys.node_secrets(config, settings))
+    secrets = crawl_keys.node_secrets(config, settings)
+    spider_list.install(app, secrets)
+    copy_writer.install(settings, secrets)
     return app
 
 

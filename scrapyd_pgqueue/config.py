@@ -310,7 +310,7 @@ COMPONENTS = {
 }
 SERVICES = {
     "schedule.json": "scrapyd_pgqueue.services.jobs.Schedule",
-    "schedule_batch.json": "scrapyd_pgqueue.services.jobs.ScheduleBatch",
+    "schedule_batch.json": "scrapyd_pgqueue.services.batches.ScheduleBatch",
     "status.json": "scrapyd_pgqueue.services.jobs.Status",
     "listjobs.json": "scrapyd_pgqueue.services.jobs.ListJobs",
     "daemonstatus.json": "scrapyd_pgqueue.services.jobs.DaemonStatus",

@@ -40,8 +40,8 @@ def _names(module: str, *names: str) -> dict[str, str]:
 # Former module of names -> each name's new path (the services and pages as earlier configurations name them).
 MOVED_NAMES = {
     f"{_PACKAGE}.webservice": {
-        **_names("services.jobs", "Alive", "Cancel", "DaemonStatus", "ListJobs", "Logs", "Schedule", "ScheduleBatch",
-                 "Status"),
+        **_names("services.jobs", "Alive", "Cancel", "DaemonStatus", "ListJobs", "Logs", "Schedule", "Status"),
+        **_names("services.batches", "ScheduleBatch"),
         "ClusterResource": f"{_PACKAGE}.services.resource.DatabaseService",  # the services' base, renamed
     },
     f"{_PACKAGE}.schedule_services": _names("services.schedules", "AddPeriodic", "DelPeriodic", "ListPeriodic",

@@ -26,6 +26,7 @@ from sqlalchemy import make_url
 
 from scrapyd_pgqueue import PostgresSpiderQueue
 from scrapyd_pgqueue.local.cluster import LocalCluster
+from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS
 from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
 from helpers import connect, wait_for
 
@@ -202,13 +203,28 @@ def post_batch(node, body) -> requests.Response:
                          headers={"Content-Type": "application/json"})
 
 
+# Good jobs before the bad one: a small batch, which the node stores itself, and a big one, which its COPY helper
+# reads and stores (node/copy_writer.py): the same refusal, word for word.
+GOOD_BEFORE = pytest.mark.parametrize("good_before", [3, COPY_MIN_JOBS + 50], ids=["small batch", "COPY batch"])
+
+
+@GOOD_BEFORE
 @pytest.mark.parametrize("case", list(BAD_BATCH_JOBS))
-def test_a_batch_with_one_bad_job_stores_nothing_and_names_the_job(case, node, queued, queue_database):
+def test_a_batch_with_one_bad_job_stores_nothing_and_names_the_job(case, good_before, node, queued, queue_database):
     bad, expected = BAD_BATCH_JOBS[case]
     before = table(queue_database)
-    jobs = [dict(GOOD_JOB, jobid=f"batch-good-{i}") for i in range(3)] + [bad] + [dict(GOOD_JOB)]
+    jobs = [dict(GOOD_JOB, jobid=f"batch-good-{i}") for i in range(good_before)] + [bad] + [dict(GOOD_JOB)]
     message = refused(post_batch(node, {"project": "example", "jobs": jobs}), expected)
-    assert message.startswith("job 3: "), message
+    assert message.startswith(f"job {good_before}: "), message
+    assert unchanged(queue_database, before) == {}
+
+
+@GOOD_BEFORE
+def test_a_batch_repeating_a_job_id_stores_nothing_and_names_both(good_before, node, queued, queue_database):
+    before = table(queue_database)
+    jobs = [dict(GOOD_JOB, jobid=f"twice-{i}") for i in range(good_before)] + [dict(GOOD_JOB, jobid="twice-1")]
+    refused(post_batch(node, {"project": "example", "jobs": jobs}),
+            f"job {good_before}: job id 'twice-1' is also job 1")
     assert unchanged(queue_database, before) == {}
 
 
@@ -252,6 +268,33 @@ def test_a_batch_lands_whole_in_order_as_schedule_json_would_have_queued_it(node
     assert pending["batch-b"]["settings"] == {"LOG_LEVEL": "INFO"}
     order = [job_id for job_id in pending if job_id.startswith("batch-") and job_id != "batch-single"]
     assert order == ["batch-a", "batch-c", "batch-b"]  # priority first, then the batch's order
+
+
+def test_a_big_batch_lands_as_a_small_one_would(node, queued, queue_database):
+    """The COPY helper's rows are the node's statement's: each column, the order, delayed and unique jobs."""
+    def jobs(prefix: str, count: int) -> list[dict]:
+        made = [{"spider": "sleeper", "jobid": f"{prefix}-{i}", "priority": i % 3, "args": {"n": str(i)}}
+                for i in range(count)]
+        made[1].update(unique_key="same-key" if prefix == "small" else "other-key", delay=3600)
+        made[2].update(settings={"LOG_LEVEL": "INFO"})
+        return made
+
+    before = table(queue_database)
+    small, big = jobs("small", 3), jobs("big", COPY_MIN_JOBS + 20)
+    for batch in (small, big):
+        data = answer(post_batch(node, {"project": "example", "jobs": batch}))
+        assert data["jobids"] == [job["jobid"] for job in batch]
+    assert len(unchanged(queue_database, before)) == len(small) + len(big)
+    with contextlib.closing(connect(queue_database)) as connection, connection.cursor() as cursor:
+        cursor.execute("""
+            SELECT job, spider, version, priority, message - '_job', status, unique_key IS NOT NULL, retries,
+                   retry_delay, periodic, max_runtime, stall_timeout, pool,
+                   round(extract(epoch FROM run_at - created_time)), created_time > now() - interval '1 minute'
+            FROM spider_job WHERE job LIKE 'small-%' OR job LIKE 'big-%' ORDER BY id""")
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    assert list(rows) == [job["jobid"] for job in small + big]  # row ids in each batch's order
+    for i in range(3):
+        assert rows[f"big-{i}"] == rows[f"small-{i}"]
 
 
 def test_sql_metacharacters_in_job_ids_and_arguments_are_stored_exactly(node, queued, queue_database):

@@ -23,6 +23,7 @@ from sqlalchemy import make_url
 from conftest import FAST
 from scrapyd_pgqueue import crawl
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, NODE_CONFIG, REPOSITORY, ScrapydNode
+from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 from helpers import jobs, wait_for
 
@@ -99,6 +100,9 @@ def test_a_crawl_finds_no_key_of_its_node(unprivileged_node, database_url):
     if start == "warm":  # the first crawl starts cold while its warm process imports the project
         run_probe(node, database_url, record_dir, "first")
         wait_for(lambda: "of project intruder ready" in node.logfile.read_text(), 60, "the warm process")
+    # A big batch (delayed: it stays waiting) starts the node's COPY helper, which the crawl will look at too.
+    batch = [{"spider": "probe", "jobid": f"later-{i}", "delay": 3600} for i in range(COPY_MIN_JOBS)]
+    assert node.post_json("schedule_batch.json", {"project": "intruder", "jobs": batch})["status"] == "ok"
     probe = run_probe(node, database_url, record_dir)
     imports = records(record_dir, "imports.jsonl")
     seen = json.dumps([records(record_dir, "probes.jsonl"), imports])
@@ -112,7 +116,7 @@ def test_a_crawl_finds_no_key_of_its_node(unprivileged_node, database_url):
     assert len(warm_processes) == (1 if start == "warm" else 0)
 
     # The node (the crawl's parent when cold, its grandparent when forked from a warm process) cannot be read, nor
-    # the warm process; nor this crawl by another crawl (its token): none is dumpable.
+    # the warm process, nor the COPY helper; nor this crawl by another crawl (its token): none is dumpable.
     node_pid = str(node.process.pid)
     assert probe["ancestors"][node_pid]["environ"].startswith("unreadable: PermissionError")
     assert [path for path in probe["files"] if path.endswith("scrapyd.conf")]  # it read the node's configuration
@@ -120,6 +124,8 @@ def test_a_crawl_finds_no_key_of_its_node(unprivileged_node, database_url):
         [warm] = [pid for pid in probe["ancestors"] if pid != node_pid]
         assert "warm_process" in probe["ancestors"][warm]["cmdline"]
         assert probe["ancestors"][warm]["environ"].startswith("unreadable: PermissionError")
+    [helper] = [seen for seen in probe["relatives"].values() if "copy_helper" in seen["cmdline"]]
+    assert helper["environ"].startswith("unreadable: PermissionError")  # nor the helper that holds the URL
     assert probe["dumpable"] == 0
 
 

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapyd_pgqueue.store.common_jobs import CommonJob, common_job_request, job_from_json_text
+from scrapyd_pgqueue.store.common_jobs import (
+    CommonJob,
+    CommonJobs,
+    NotCommon,
+    batch_outline,
+    common_batch,
+    common_job_request,
+    job_from_json_text,
+)
 from scrapyd_pgqueue.store.job_requests import MAX_DELAY_SECONDS, RefusedJob, job_from_json, parse_json
 
 # Values near every rule's edges: empty, NUL, '/', '=', reserved names, long text, non-text where text goes.
@@ -63,3 +71,22 @@ def test_the_common_lines_of_a_bulk_schedule_take_the_fast_path(line):
     request = common_job_request(msgspec.json.decode(json.dumps(line), type=CommonJob))
     assert request is not None
     assert request == job_from_json(line)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(JOB_OBJECTS, min_size=1, max_size=4))
+def test_a_batch_read_job_by_job_gives_what_it_gives_read_whole(jobs):
+    """CommonJobs (the COPY helper's reading, a job as the store takes it) yields common_batch's jobs, or stops at
+    NotCommon where common_batch leaves the body to the general path."""
+    jobs = [{**job, "jobid": f"fixed-{index}"} for index, job in enumerate(jobs)]  # no random job ids
+    document = json.dumps({"project": "p", "jobs": jobs}).encode()
+    whole = common_batch(document)
+    try:
+        one_by_one = list(CommonJobs(document))
+    except NotCommon:
+        one_by_one = None
+    assert one_by_one == (None if whole is None else [(job.message, job.priority, job.options) for job in whole[1]])
+    outline = batch_outline(document)
+    if whole is not None:  # what the node checks before the helper reads the batch
+        assert (outline.project, [(job.spider, job.version) for job in outline.jobs]) == \
+            ("p", [(job.spider, job.version) for job in whole[1]])

@@ -5,10 +5,15 @@ afterwards (each way must have stored exactly what it was given):
 - ``enqueue``: the operator command (``scrapyd-pgqueue enqueue``, a real process, start-up included) streaming a
   JSON Lines file into an empty queue: 10% of the jobs with a unique key, 10% delayed by an hour;
 - ``replace``: the same command re-scheduling every unique key of that file (``on_conflict`` replace);
+- ``UPDATE in place``: replace's ceiling, not a way in: just before it, the rows it will update set as it sets them
+  by one bare ``UPDATE`` (no client, no check, no staging; rolled back, then VACUUM), what any replace that keeps
+  each job's row costs the server with spider_job's indexes (a changed priority and due time: no HOT update, a new
+  entry in each of the row's 8 indexes);
 - ``COPY``: the reference. The rows ``enqueue`` wrote, read back as they are, copied into the emptied ``spider_job``
   (same indexes) with ``COPY ... FROM STDIN`` from a file, as ``psql``'s ``\copy`` does;
 - ``schedule.json``: one HTTP request a job to a real Scrapyd node (the only way before batches), one client;
-- ``schedule_batch.json``: the same node, batches of 10,000 jobs (the same mix as the file), one client.
+- ``schedule_batch.json``: the same node, batches of 10,000 jobs (the same mix as the file), one client; the bodies
+  are made before the clock starts, as the files of the others are written before theirs.
 The node claims nothing (``poll_interval`` of an hour, no NOTIFY), so every job stays waiting.
 """
 
@@ -28,7 +33,7 @@ from bench.stats import ratio
 
 SUMMARY = ("jobs per second into the queue: enqueue, replace, schedule.json one by one, schedule_batch.json, against "
            "COPY of the same rows")
-SERIES = ("enqueue", "replace", "COPY", "schedule.json", "schedule_batch.json")
+SERIES = ("enqueue", "replace", "UPDATE in place", "COPY", "schedule.json", "schedule_batch.json")
 
 SIZES = {"quick": {"schedule.json": 200, "schedule_batch.json": 20_000, "enqueue": 20_000},
          "full": {"schedule.json": 2_000, "schedule_batch.json": 200_000, "enqueue": 1_000_000}}
@@ -39,6 +44,9 @@ TARGET_RATIOS = {"enqueue": 0.6, "schedule_batch.json": 0.5, "replace": 0.4}
 STORED = "SELECT count(*) FROM spider_job WHERE status IN ('pending', 'delayed') AND job LIKE %s"
 # Re-scheduled keys show the new priority, on the job (and job id) the key had.
 REPLACED = "SELECT count(*) FROM spider_job WHERE unique_key LIKE 'key-%%' AND priority = 5 AND job LIKE %s"
+# The rows replace will update (every waiting row with a key), updated as it updates them.
+UPDATE_IN_PLACE = """UPDATE spider_job SET priority = 5, run_at = now(), message = message || '{"again": 2}'
+                     WHERE project = 'example' AND unique_key IS NOT NULL AND status IN ('delayed', 'pending')"""
 # The columns a new job's row gets, in id order: what COPY writes again.
 WRITTEN_COLUMNS = ("project, spider, job, version, priority, message, status, run_at, unique_key, retries, "
                    "retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, created_time")
@@ -65,7 +73,8 @@ def run(ctx: Context) -> dict:
     database.drop_benchmark_rows(ctx.database_url)
     series.update(_http(ctx, sizes))
     reference = series["COPY"]["jobs_per_s"]
-    ratios = {f"{name} / COPY": ratio(series[name]["jobs_per_s"], reference) for name in TARGET_RATIOS}
+    ratios = {f"{name} / COPY": ratio(series[name]["jobs_per_s"], reference)
+              for name in (*TARGET_RATIOS, "UPDATE in place")}
     return {
         "parameters": {"sizes": sizes, "batch": BATCH, "replaced": sizes["enqueue"] // 10},
         "series": series,
@@ -75,7 +84,8 @@ def run(ctx: Context) -> dict:
                     *(report.target(f"{name} / COPY", ratios[f"{name} / COPY"], ">=", limit)
                       for name, limit in TARGET_RATIOS.items())],
         "notes": ["the node claims nothing: every job stays waiting and is counted after each way",
-                  "COPY: the rows enqueue wrote, copied into the emptied spider_job from a file, same run"],
+                  "COPY: the rows enqueue wrote, copied into the emptied spider_job from a file, same run",
+                  "UPDATE in place: replace's ceiling, one bare UPDATE of the replaced rows (rolled back)"],
     }
 
 
@@ -91,6 +101,7 @@ def _command_and_copy(ctx: Context, lines: int) -> dict:
     with database.copying_connection(ctx.database_url) as connection, connection.cursor() as cursor, \
             open(written, "wb") as file:
         cursor.copy_expert(f"COPY (SELECT {WRITTEN_COLUMNS} FROM spider_job ORDER BY id) TO STDOUT", file)
+    series["UPDATE in place"] = _update_in_place(ctx.database_url, lines // 10)  # on the rows replace finds
     series["replace"] = _timed(ctx, "file", lines // 10, lambda: _enqueue(ctx, replacements), REPLACED)
     database.drop_benchmark_rows(ctx.database_url)
     series["COPY"] = _timed(ctx, "file", lines, lambda: _copy_in(ctx.database_url, written))
@@ -107,8 +118,9 @@ def _http(ctx: Context, sizes: dict) -> dict:
         node.get("listspiders.json", timeout=60, project="example")
         series["schedule.json"] = _timed(ctx, "one", sizes["schedule.json"],
                                          lambda: _post_one_by_one(node, sizes["schedule.json"]))
+        bodies = _batch_bodies(sizes["schedule_batch.json"])  # made beforehand, as the files of enqueue and COPY
         series["schedule_batch.json"] = _timed(ctx, "batch", sizes["schedule_batch.json"],
-                                               lambda: _post_batches(node.url, sizes["schedule_batch.json"]))
+                                               lambda: _post_batches(node.url, bodies))
     return series
 
 
@@ -129,6 +141,23 @@ def _copy_in(url: str, path: Path) -> None:
         cursor.copy_expert(f"COPY spider_job ({WRITTEN_COLUMNS}) FROM STDIN", file)
 
 
+def _update_in_place(url: str, jobs: int) -> dict:
+    connection = database.connect(url)
+    try:
+        with connection.cursor() as cursor:
+            started = time.perf_counter()
+            cursor.execute(UPDATE_IN_PLACE)
+            seconds = time.perf_counter() - started
+            updated = cursor.rowcount
+        connection.rollback()
+    finally:
+        connection.close()
+    database.vacuum(url)  # the rolled-back row versions gone: replace finds the table as enqueue left it
+    if updated != jobs:
+        raise RuntimeError(f"bulk: UPDATE in place: {updated} rows of {jobs}")
+    return {"jobs": jobs, "seconds": seconds, "jobs_per_s": jobs / seconds}
+
+
 def _post_one_by_one(node, total: int) -> None:
     for index in range(total):
         job = _job("one", index)
@@ -139,10 +168,15 @@ def _post_one_by_one(node, total: int) -> None:
             raise RuntimeError(f"bulk: schedule.json refused a job: {answer.get('message')}")
 
 
-def _post_batches(url: str, total: int) -> None:
-    for start in range(0, total, BATCH):
-        jobs = [_job("batch", i) for i in range(start, min(start + BATCH, total))]
-        post_batch(url, {"project": "example", "jobs": jobs}, 300, "bulk")
+def _batch_bodies(total: int) -> list[bytes]:
+    """The schedule_batch.json bodies of ``total`` jobs, BATCH a body."""
+    batches = ([_job("batch", i) for i in range(start, min(start + BATCH, total))] for start in range(0, total, BATCH))
+    return [json.dumps({"project": "example", "jobs": jobs}).encode() for jobs in batches]
+
+
+def _post_batches(url: str, bodies: list[bytes]) -> None:
+    for body in bodies:
+        post_batch(url, body, 300, "bulk")
 
 
 def _timed(ctx: Context, prefix: str, jobs: int, work, stored_query: str = STORED) -> dict:

@@ -170,8 +170,13 @@ class ScrapydNode:
     def post(self, endpoint: str, timeout: float = 30, **params) -> dict:
         return self._request(f"{self.url}{endpoint}", urllib.parse.urlencode(params, doseq=True).encode(), timeout)
 
-    def _request(self, url: str, data: bytes | None, timeout: float) -> dict:
-        request = urllib.request.Request(url, data=data)
+    def post_json(self, endpoint: str, body, timeout: float = 30) -> dict:
+        """A JSON body (``schedule_batch.json``)."""
+        return self._request(f"{self.url}{endpoint}", json.dumps(body).encode(), timeout,
+                             {"Content-Type": "application/json"})
+
+    def _request(self, url: str, data: bytes | None, timeout: float, headers: dict | None = None) -> dict:
+        request = urllib.request.Request(url, data=data, headers=headers or {})
         # The node's own credentials (Scrapyd then asks every request for them: basic authentication), from its
         # environment as Scrapyd reads them first, else from its configuration.
         username = self.extra_env.get("SCRAPYD_USERNAME") or self.config.get("username")

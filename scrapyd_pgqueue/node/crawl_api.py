@@ -25,6 +25,7 @@ from twisted.internet import reactor
 from twisted.logger import Logger
 from twisted.web import resource, server
 
+from scrapyd_pgqueue.node import copy_writer
 from scrapyd_pgqueue.web import offload
 from scrapyd_pgqueue.crawl_process.crawl_node import (
     BEARER, EXISTING, INDEX, JOB, JOBS, NODE_ADDRESS_VARIABLE, SCHEDULE_PATH, TCP, TOKEN_VARIABLE, UNIX,
@@ -156,9 +157,8 @@ class CrawlApi(resource.Resource):
                 raise Refused(400, f"{spider}: {e}", index) from None
         self._check_tree(scope, sorted({request.options.parent for request in requests}))
         try:
-            enqueued = self.store.enqueue_many(
-                scope.project, [(request.message, request.priority, request.options) for request in requests]
-            )
+            jobs = [(request.message, request.priority, request.options) for request in requests]
+            enqueued = copy_writer.enqueue_many(self.store, scope.project, jobs)
         except (DuplicateJobError, InvalidJobError) as e:
             raise Refused(400, str(e)) from None
         return {"status": "ok", JOBS: [{JOB: job.job, EXISTING: job.existing} for job in enqueued]}

@@ -27,16 +27,13 @@ from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.web import offload
 from scrapyd_pgqueue.store.db import DatabaseError
 from scrapyd_pgqueue.store.job_requests import (
-    MAX_BATCH_JOBS,
     OPTION_FIELDS,
     RefusedJob,
     check_form,
-    job_from_json,
-    parse_json,
     options_from_fields,
 )
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.store.common_jobs import common_batch
+from scrapyd_pgqueue.former_paths import deprecated_names
 from scrapyd_pgqueue.web.log_files import is_inside, open_log
 from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.services.resource import DatabaseService, node_root, refuse
@@ -354,69 +351,6 @@ class Schedule(DatabaseService):
         return {"jobid": enqueued.job, **({"existing": True} if enqueued.existing else {})}
 
 
-class ScheduleBatch(DatabaseService):
-    """``schedule_batch.json``: many jobs of one project in one request, all or none, one NOTIFY.
-
-    POST a JSON body ``{"project": P, "jobs": [{"spider", "priority", "jobid", "args", "settings", "version"}, ...]}``;
-    the answer gives the job ids in order. Each job passes schedule.json's rules; the first that does not refuses the
-    whole batch, naming its index.
-    """
-
-    def render_POST(self, txrequest):
-        # A form could post JSON as text/plain from any web page, with the browser's saved credentials for the node.
-        content_type = (txrequest.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
-        if content_type != b"application/json":
-            raise refuse("the body must be sent as Content-Type: application/json")
-        document = txrequest.content.read()
-        common = common_batch(document, self.settings.default_retries)  # most batches, several times faster
-        if common is None:
-            project, jobs = self.read_batch(document)
-        else:
-            project, jobs = common
-            if len(jobs) > MAX_BATCH_JOBS:
-                raise refuse(f"{len(jobs)} jobs: a batch takes at most {MAX_BATCH_JOBS}")
-            self.check_project(project)
-        try:
-            self.check_spiders(project, jobs)
-            store = JobStore.for_settings(self.settings)
-            enqueued = store.enqueue_many(project, [(job.message, job.priority, job.options) for job in jobs])
-        except (RefusedJob, DuplicateJobError, InvalidJobError) as e:
-            raise refuse(str(e)) from e
-        answer = {"jobids": [job.job for job in enqueued]}
-        if any(job.existing for job in enqueued):
-            answer["existing"] = [job.existing for job in enqueued]
-        return answer
-
-    def read_batch(self, document: bytes) -> tuple[str, list]:
-        """The body's project (checked) and jobs by the general path (a job that is not in the common form),
-        refused with the first thing that is wrong."""
-        try:
-            body = parse_json(document)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise refuse(f"the body must be a JSON object: {e}") from None
-        if not isinstance(body, dict) or not isinstance(body.get("jobs"), list) or not body["jobs"]:
-            raise refuse('the body must be a JSON object {"project": ..., "jobs": [...]} with at least one job')
-        project = body.get("project")
-        if not isinstance(project, str):
-            raise refuse("project must be a string")
-        if len(body["jobs"]) > MAX_BATCH_JOBS:
-            raise refuse(f"{len(body['jobs'])} jobs: a batch takes at most {MAX_BATCH_JOBS}")
-        self.check_project(project)
-        jobs = []
-        for index, job in enumerate(body["jobs"]):
-            try:
-                jobs.append(job_from_json(job, self.settings.default_retries))
-            except RefusedJob as e:
-                raise refuse(f"job {index}: {e}") from e
-        return project, jobs
-
-    def check_spiders(self, project, jobs) -> None:
-        """As schedule.json does for one job: each version exists, each spider is in its version's list."""
-        spiders = {}
-        for index, job in enumerate(jobs):
-            if job.version not in spiders:
-                if job.version and self.root.eggstorage.get(project, job.version) == (None, None):
-                    raise RefusedJob(f"job {index}: version '{job.version}' not found")
-                spiders[job.version] = spider_list.get(project, job.version, runner=self.root.runner)
-            if job.spider not in spiders[job.version]:
-                raise RefusedJob(f"job {index}: spider '{job.spider}' not found")
+__getattr__ = deprecated_names(  # a former name
+    __name__, {"ScheduleBatch": "scrapyd_pgqueue.services.batches.ScheduleBatch"}
+)

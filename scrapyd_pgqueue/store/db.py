@@ -142,6 +142,12 @@ def learn_clock_offset(database_clock: float, sent: float, received: float) -> N
         _clock_offset = database_clock - (sent + received) / 2
 
 
+def adopt_clock_offset(offset: float) -> None:
+    """Take the clock offset a node learnt, in a helper process that runs its operations (``node/copy_helper.py``)."""
+    global _clock_offset
+    _clock_offset = offset
+
+
 def clock_offset() -> float:
     """Seconds the database's clock is ahead of this process's, as last learnt (0 before the first heartbeat)."""
     return _clock_offset

@@ -15,6 +15,7 @@ What the node needs of a pool, and nothing else:
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import select
 import threading
@@ -81,16 +82,7 @@ class Engine:
 
     def checkout(self):
         """A psycopg2 connection of the pool's, or a new one while the pool is not full; else wait for one."""
-        seconds = self.timeout if remaining_time() is None else max(0.0, min(self.timeout, remaining_time()))
-        give_up = time.monotonic() + seconds
-        with self._changed:
-            while not self._idle and self._lent >= self.pool_size:
-                left = give_up - time.monotonic()
-                if left <= 0:
-                    raise PoolTimeout(f"pool of {self.pool_size} busy for {seconds:.3g} s")
-                self._changed.wait(left)
-            pooled = self._idle.popleft() if self._idle else None
-            self._lent += 1
+        pooled = self._take_slot()
         if pooled is not None and not _closed_by_the_server(pooled, self.listening):
             return pooled
         if pooled is not None:
@@ -100,6 +92,31 @@ class Engine:
         except BaseException:
             self._release_slot()
             raise
+
+    @contextlib.contextmanager
+    def slot_lent_out(self):
+        """One of the pool's slots for the block, without a connection (an idle one is closed): a helper process
+        connects in its place (``node/copy_writer.py``), so a node holds no more connections than its pool's."""
+        pooled = self._take_slot()
+        if pooled is not None:
+            pooled.close()
+        try:
+            yield
+        finally:
+            self._release_slot()
+
+    def _take_slot(self):
+        """Wait for a slot (up to the timeout, or this thread's deadline); the idle connection that held it, if any."""
+        seconds = self.timeout if remaining_time() is None else max(0.0, min(self.timeout, remaining_time()))
+        give_up = time.monotonic() + seconds
+        with self._changed:
+            while not self._idle and self._lent >= self.pool_size:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    raise PoolTimeout(f"pool of {self.pool_size} busy for {seconds:.3g} s")
+                self._changed.wait(left)
+            self._lent += 1
+            return self._idle.popleft() if self._idle else None
 
     def checkin(self, connection) -> None:
         """Back to the pool, unless closed or left inside a transaction (then closed: its slot opens again)."""

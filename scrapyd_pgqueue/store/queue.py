@@ -170,17 +170,31 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
             for jobs in batches:
                 with waits.deadline(self.engine.timeout):
                     if waits.copy_allowed():
-                        count = staging.stream_jobs(
-                            connection, project, jobs, len(jobs),
-                            lambda rows, positions, ids: self._store_rows(connection, project, rows, positions, ids))
+                        count = len(self._copy_jobs(connection, project, jobs))
                     else:
                         rows = enqueue.job_rows(project, jobs, numbered=True)
                         count = len(self._store_rows(connection, project, rows)) if rows else 0
-                    if count is None:
-                        raise db.too_late(self.engine, "no job was stored")
                 total += count
                 stored(count)
         return total
+
+    @database_errors
+    def enqueue_by_copy(self, project: str, jobs: Collection) -> list[Enqueued]:
+        """``enqueue_many`` for a process that can COPY (``waits.copy_allowed``): each job is checked while the
+        database stores the ones before it (``staging.stream_jobs``), in one transaction, all or none."""
+        if not jobs:
+            return []
+        with db.transaction(self.engine) as connection:
+            return self._copy_jobs(connection, project, jobs).enqueued()
+
+    def _copy_jobs(self, connection, project: str, jobs: Collection) -> staging.StreamedBatch:
+        """One batch of ``jobs`` by ``staging.stream_jobs`` in the caller's transaction; where each went."""
+        streamed = staging.stream_jobs(
+            connection, project, jobs, len(jobs),
+            lambda rows, positions, ids: self._store_rows(connection, project, rows, positions, ids))
+        if streamed is None:
+            raise db.too_late(self.engine, "no job was stored")
+        return streamed
 
     def _enqueue(self, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
         if not rows:

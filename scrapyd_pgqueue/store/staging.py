@@ -1,4 +1,5 @@
-"""Big batches by COPY, for a process whose driver can COPY (the ``enqueue`` command: ``waits.copy_allowed``).
+"""Big batches by COPY, for a process whose driver can COPY (``waits.copy_allowed``): the ``enqueue`` command, and a
+node's COPY helper (``node/copy_helper.py``) for schedule_batch.json and the crawl API.
 
 A batch's ids are reserved first, in its order, so its jobs keep their order (and the claim's among equal
 priorities) whichever way each goes. A job without a unique key or a tree (most of a bulk schedule) is copied
@@ -66,15 +67,35 @@ NOTIFY_JOBS = text(f"SELECT pg_notify(:channel, '') WHERE {NODES_WANT_WORK}")
 ROWS_PER_READ = 500
 
 
+class StreamedBatch:
+    """Where the jobs of a batch went: their reserved ids and job ids by position, and the places of the set-aside
+    ones (a waiting job's, for a key it held). Made into Enqueued only when asked: the enqueue command needs the
+    count alone, a million times over."""
+
+    __slots__ = ("ids", "jobs", "placed")
+
+    def __init__(self, ids: list[int], jobs: list[str], placed: dict[int, Enqueued]):
+        self.ids, self.jobs, self.placed = ids, jobs, placed
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def enqueued(self) -> list[Enqueued]:
+        return [self.placed.get(position) or Enqueued(id, job)
+                for position, (id, job) in enumerate(zip(self.ids, self.jobs))]
+
+
 def stream_jobs(connection, project: str, jobs: Iterable[tuple], count: int,
-                place_aside: Callable[[list[dict[str, Any]], list[int], list[int]], object]) -> int | None:
+                place_aside: Callable[[list[dict[str, Any]], list[int], list[int]], list[Enqueued]]
+                ) -> StreamedBatch | None:
     """Store the at most ``count`` jobs that ``jobs`` yields ((message, priority[, options]), checked as they are
-    read) on ``connection``, in the caller's transaction; how many (None: the caller's time ran out).
+    read) on ``connection``, in the caller's transaction; say where each went (None: the caller's time ran out).
 
     The jobs without a unique key or a tree are copied as they are checked; then those whose unique key no waiting
     job holds (HELD_KEYS), with their reserved ids. ``place_aside(rows, positions, ids)`` stores the rest (a key
-    held, a tree) with their positions in the batch and their reserved ids. An InvalidJobError or DuplicateJobError
-    names a job by its position in the batch; an error raised by ``jobs`` itself is raised as it is."""
+    held, a tree) with their positions in the batch and their reserved ids, and says where each went. An
+    InvalidJobError or DuplicateJobError names a job by its position in the batch; an error raised by ``jobs``
+    itself is raised as it is."""
     params = {"channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
     reserved = connection.execute(RESERVE_IDS, {"project": project, "count": count,
                                                 "answer_by": params["answer_by"]}).first()
@@ -98,10 +119,12 @@ def stream_jobs(connection, project: str, jobs: Iterable[tuple], count: int,
                     source.queue_line(reserved.ids[position], row) for position, row in free).encode()))
         if source.copied or len(aside) < len(source.aside):
             connection.execute(NOTIFY_JOBS, params)
+        placed = {}
         if aside:
             positions = [position for position, _ in aside]
-            place_aside([row for _, row in aside], positions, [reserved.ids[i] for i in positions])
-    return len(source.job_ids)
+            placed = dict(zip(positions, place_aside([row for _, row in aside], positions,
+                                                     [reserved.ids[i] for i in positions])))
+    return StreamedBatch(reserved.ids, source.job_ids, placed)
 
 
 def _straight(row: dict[str, Any], held) -> bool:

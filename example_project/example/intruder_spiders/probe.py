@@ -43,6 +43,24 @@ def parent_of(pid):
     return int(read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[1])
 
 
+def children_of(pids):
+    """The processes whose parent is one of ``pids`` (a node's other children: its helpers, other crawls)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if parent_of(entry.name) in pids:
+                    found.append(int(entry.name))
+            except (IndexError, ValueError):  # gone meanwhile
+                continue
+    return found
+
+
+def what_is_readable(pids):
+    return {str(pid): {"cmdline": read(f"/proc/{pid}/cmdline"), "environ": read(f"/proc/{pid}/environ")}
+            for pid in pids}
+
+
 class ProbeSpider(RecordingSpider):
     name = "probe"
 
@@ -58,8 +76,8 @@ class ProbeSpider(RecordingSpider):
             "job": self.job,
             "environ": dict(os.environ),
             "dumpable": ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0),
-            "ancestors": {str(pid): {"cmdline": read(f"/proc/{pid}/cmdline"), "environ": read(f"/proc/{pid}/environ")}
-                          for pid in ancestors},
+            "ancestors": what_is_readable(ancestors),
+            "relatives": what_is_readable(children_of(ancestors)),
             "files": files,
         })
         return
