@@ -8,27 +8,26 @@ Its standard error is the node's.
 
 from __future__ import annotations
 
-# First of all, before it reads the database URL: no crawl (the node's user too) may read or trace this process.
+import gc
+import logging
+import os
+import pickle
+import select
+import sys
+
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
-
-make_not_dumpable()
-
-import gc  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import pickle  # noqa: E402
-import select  # noqa: E402
-import sys  # noqa: E402
-
-from scrapyd_pgqueue.node.copy_writer import STORE_ERRORS, FRAME_LENGTH, LEFT_IDLE  # noqa: E402
-from scrapyd_pgqueue.store import JobStore, db, waits  # noqa: E402
-from scrapyd_pgqueue.store.common_jobs import CommonJobs, NotCommon  # noqa: E402
+from scrapyd_pgqueue.node.copy_writer import FRAME_LENGTH, LEFT_IDLE, STORE_ERRORS
+from scrapyd_pgqueue.store import JobStore, db, waits
+from scrapyd_pgqueue.store.common_jobs import CommonJobs, NotCommon
 
 log = logging.getLogger("scrapyd_pgqueue.node.copy_helper")
 
 
 def main() -> int:
     logging.basicConfig(format="copy helper: %(levelname)s %(message)s", level=logging.WARNING)
+    # Before it reads the database URL: no crawl (the node's user too) may read or trace this process from here on;
+    # one that attached before is found next, and the helper leaves without the URL.
+    make_not_dumpable()
     if _traced():
         log.error("traced since before it could forbid it: leaving without reading the database URL")
         return 1
