@@ -65,12 +65,15 @@ def enqueue_many(store, project: str, jobs: Sequence[tuple]) -> list[Enqueued]:
     return _node_writer.enqueue_many(project, jobs, store.enqueue_many)
 
 
-def enqueue_document(project: str, document: bytes, default_retries: int, count: int) -> list[Enqueued] | None:
-    """The ``count`` jobs of a schedule_batch.json body (its spiders checked) read and stored by this node's helper,
-    each job made as the store takes it: where each went; None where the helper did not store them (a small batch,
-    a busy helper, a job not in the common form: the caller reads the batch itself)."""
-    if _node_writer is None or count < COPY_MIN_JOBS:
-        return None
+def takes(count: int) -> bool:
+    """Whether this node's helper takes a batch of ``count`` jobs (once ``install`` ran)."""
+    return _node_writer is not None and count >= COPY_MIN_JOBS
+
+
+def enqueue_document(project: str, document: bytes, default_retries: int) -> list[Enqueued] | None:
+    """The jobs of a schedule_batch.json body (one the helper ``takes``, its spiders checked) read and stored by this
+    node's helper, each job made as the store takes it: where each went; None where the helper did not store them (a
+    busy helper, a job not in the common form: the caller reads the batch itself)."""
     return _node_writer.enqueue_document(project, document, default_retries)
 
 

@@ -46,15 +46,14 @@ class ScheduleBatch(DatabaseService):
         """The batch read and stored by the COPY helper, where its outline passes the node's checks; None where it
         did not store it (anything to refuse is left to ``store_read_batch``, which words every refusal)."""
         outline = batch_outline(document)
-        if outline is None or not outline.jobs or len(outline.jobs) > MAX_BATCH_JOBS \
+        if outline is None or not copy_writer.takes(len(outline.jobs)) or len(outline.jobs) > MAX_BATCH_JOBS \
                 or outline.project not in self.root.poller.queues:
-            return None
+            return None  # a small batch, too: its spiders are checked once, with the rest, by store_read_batch
         try:
             self.check_spiders(outline.project, outline.jobs)
         except RefusedJob:
             return None
-        return copy_writer.enqueue_document(outline.project, document, self.settings.default_retries,
-                                            len(outline.jobs))
+        return copy_writer.enqueue_document(outline.project, document, self.settings.default_retries)
 
     def store_read_batch(self, document: bytes):
         """The batch read here (the fast path, else the general one), checked, and stored."""
