@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scrapyd.config import Config
 
 DATABASE_URL_OPTION = "database_url"
 DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
@@ -352,11 +351,11 @@ def apply_defaults(config) -> None:
                 parser.set(section, option, value)
 
 
+def __getattr__(name: str):
+    """``OneLineConfig``, from its own module when first asked for: it subclasses Scrapyd's ``Config``, and importing
+    Scrapyd imports Scrapy and Twisted (0.2 s), which the command line and the COPY helper never use."""
+    if name == "OneLineConfig":
+        from scrapyd_pgqueue.one_line_config import OneLineConfig
 
-class OneLineConfig(Config):
-    """Scrapyd's configuration with the one-line node's defaults applied (``apply_defaults``): what a crawl's runner
-    reads, so it finds the eggs in the database and not in Scrapyd's egg folder."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        apply_defaults(self)
+        return OneLineConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, ot
 
 from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above
 
-from scrapyd_pgqueue.config import OneLineConfig  # noqa: E402
+from scrapyd_pgqueue.one_line_config import OneLineConfig  # noqa: E402
 from scrapyd_pgqueue.crawl_process import stats_extension  # noqa: E402
 from scrapyd_pgqueue.former_paths import deprecated_names  # noqa: E402
 

@@ -310,6 +310,37 @@ def test_a_new_key_another_client_schedules_meanwhile_stops_the_enqueue_naming_i
     assert [message.get("_job") for message in store.list_pending("example")] == [None]  # the other client's only
 
 
+def test_a_held_key_whose_job_is_claimed_while_the_command_waits_for_it_becomes_a_new_job(database_url, store,
+                                                                                         admin_connection, tmp_path):
+    """A batch's held key, whose waiting job a node claims (not committed yet) as the command replaces it: the command
+    waits for that claim, finds the job running, and queues the line as a new job with the key; the running job
+    keeps what it was claimed with."""
+    store.enqueue("example", {"name": "s", "_job": "held", "v": "old"}, options=JobOptions(unique_key="k"))
+    lines = [{"spider": "s", "jobid": f"j{i}", "unique_key": f"k{i}"} for i in range(300)]
+    lines[150] = {"spider": "s", "jobid": "again", "unique_key": "k", "args": {"v": "new"}}
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    admin_connection.autocommit = False
+    with admin_connection.cursor() as cursor:  # a node's claim of the held job, not committed yet
+        cursor.execute("UPDATE spider_job SET status = 'ongoing', start_time = now() WHERE job = 'held'")
+    env = {key: os.environ[key] for key in ("PATH", "LANG", "HOME") if key in os.environ}
+    env["SCRAPYD_DATABASE_URL"] = database_url
+    command = subprocess.Popen([COMMAND, "enqueue", "--project", "example", "--batch-size", "200", str(path)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = ("SELECT count(*) FROM pg_stat_activity "
+               "WHERE wait_event_type = 'Lock' AND query LIKE '%%UPDATE spider_job AS j%%'")
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=60)
+    while query(database_url, waiting) != [(1,)]:  # the command's replace waits for the claim
+        assert command.poll() is None and datetime.datetime.now() < deadline, command.communicate()
+        time.sleep(0.05)
+    admin_connection.commit()
+    stdout, stderr = command.communicate(timeout=60)
+    assert command.returncode == 0, stderr
+    rows = query(database_url, "SELECT job, status, message->>'v' FROM spider_job WHERE unique_key = 'k' ORDER BY id")
+    assert rows == [("held", "ongoing", "old"), ("again", "pending", "new")]
+    assert store.count_pending("example") == 300
+
+
 def test_a_batch_size_out_of_range_is_refused_before_anything_is_read(database_url, store, tmp_path):
     path = tmp_path / "jobs.jsonl"
     path.write_text('{"spider": "s"}\n')

@@ -65,7 +65,7 @@ def import_project(project: str) -> None:
     from scrapyd import runner as scrapyd_runner
 
     from scrapyd_pgqueue.crawl_process import stats_extension
-    from scrapyd_pgqueue.config import OneLineConfig
+    from scrapyd_pgqueue.one_line_config import OneLineConfig
 
     scrapyd_runner.Config = OneLineConfig
     stats_extension.install()  # as the runner does for a cold crawl

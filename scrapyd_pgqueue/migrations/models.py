@@ -335,8 +335,9 @@ class WebhookEvent(Base):
 
 class SpiderJobStaging(Base):
     """A big batch of new jobs on its way into spider_job (migration 0015): COPY streams the rows in, and the same
-    transaction moves them to spider_job (store/enqueue.py, MOVE_STAGED_JOBS), keyed by its transaction's id. The table
-    has no primary key (the index on batch and n is not unique); the mapper needs one named."""
+    transaction moves them to spider_job (store/staging.py: REPLACE_STAGED_JOBS, MOVE_STAGED_JOBS), keyed by its
+    transaction's id. The table has no primary key (the index on batch and n is not unique); the mapper needs one
+    named."""
 
     __tablename__ = "spider_job_staging"
     __table_args__ = (Index("spider_job_staging_batch_idx", "batch", "n"), {"prefixes": ["UNLOGGED"]})

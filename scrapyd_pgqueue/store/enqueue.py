@@ -30,6 +30,11 @@ from scrapyd_pgqueue.config import pool_key
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
+# What a replace sets on the waiting job that held the key (INSERT_BATCH, staging.REPLACE_STAGED_JOBS): the rest of
+# the row (its id, job id, tree, periodic and creation time) stays the job's.
+REPLACED_COLUMNS = ("spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime, "
+                    "stall_timeout, pool")
+
 # Add jobs, all or none, in one statement, from {batch}: the rows of the batch (a CTE named batch) with their place n
 # ({id}: "id, " when the rows carry ids reserved for them, else nothing: the column's default numbers them).
 # One NOTIFY wakes idle nodes, if any node wants work (delivered on commit, so a woken node finds
@@ -59,8 +64,7 @@ INSERT_BATCH = """
         WHERE clock_timestamp() < to_timestamp(:answer_by)
         ORDER BY n
         ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
-        DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime,
-                       stall_timeout, pool) = (
+        DO UPDATE SET (""" + REPLACED_COLUMNS + """) = (
             SELECT EXCLUDED.spider, EXCLUDED.version, EXCLUDED.priority,
                    EXCLUDED.message || jsonb_build_object('_job', j.job), EXCLUDED.status, EXCLUDED.run_at,
                    EXCLUDED.retries, EXCLUDED.retry_delay, EXCLUDED.max_runtime, EXCLUDED.stall_timeout, EXCLUDED.pool

@@ -8,8 +8,9 @@ stores one stretch of the batch while this process checks the next, and a batch 
 than their sum. Its due time and status are worked out from the transaction's ``now()``, which every statement of the
 transaction reads alike. Jobs with a unique key wait for the end of that COPY: those whose key no waiting job holds
 are copied in the same way (one index probe a key); the rest, and tree jobs, are stored by the caller
-(``place_aside``): copied into spider_job_staging with their reserved ids, then moved by ``enqueue.INSERT_BATCH``,
-which applies the unique key's rules (replace, keep, error) and the tree's.
+(``place_aside``): copied into spider_job_staging with their reserved ids; a held key's replace then updates the
+waiting job in place (REPLACE_STAGED_JOBS), and the rest are moved by ``enqueue.INSERT_BATCH``, which applies the
+unique key's rules (keep, error) and the tree's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from scrapyd_pgqueue.store.base import NODES_WANT_WORK, NOTIFY_CHANNEL, Enqueued
 from scrapyd_pgqueue.store.enqueue import (
     ENQUEUE_COLUMNS,
     INSERT_BATCH,
+    REPLACED_COLUMNS,
     Repeats,
     checked_row,
     duplicates_refused,
@@ -61,6 +63,34 @@ STAGE_JOBS = ("COPY spider_job_staging (id, n, spider, job, version, priority, m
 MOVE_STAGED_JOBS = text(INSERT_BATCH.format(id="id, ", batch="""batch AS (
         DELETE FROM spider_job_staging WHERE batch = txid_current() AND n >= :first RETURNING *
     )"""))
+# The staged jobs with a key in :replace_keys, taken out of the staging table, each updating the waiting job that
+# holds its key (a plain UPDATE joined on the key: spider_job_waiting_unique_key, one probe a job, in batch order). It
+# sets what INSERT_BATCH's ON CONFLICT sets, the job id kept, in three quarters of its time (100,000 replaced keys in
+# batches of 20,000: 2.4-2.5 s against 3.2-3.5 s): no speculative insertion, no row lock before the update, no
+# subquery per row. A taken job whose key no waiting job holds any longer (claimed meanwhile: the join's condition is
+# checked again on a row it waited for) is not in the answer: the caller stages it again for the move, which inserts
+# it.
+REPLACE_STAGED_JOBS = text("""
+    WITH staged AS (
+        DELETE FROM spider_job_staging
+        WHERE batch = txid_current() AND n >= :first AND unique_key = ANY(CAST(:replace_keys AS text[]))
+        RETURNING *, coalesce(to_timestamp(run_at_epoch), now() + make_interval(secs => delay)) AS due
+    ), replaced AS (
+        UPDATE spider_job AS j SET (""" + REPLACED_COLUMNS + """) = (
+            s.spider, s.version, s.priority, s.message || jsonb_build_object('_job', j.job),
+            CASE WHEN s.due > now() THEN 'delayed' ELSE 'pending' END, s.due, s.retries, s.retry_delay,
+            s.max_runtime, s.stall_timeout,
+            coalesce(s.pool, (SELECT r.pool FROM spider_route AS r WHERE r.project = :project AND r.spider = s.spider),
+                     ''))
+        FROM staged AS s
+        WHERE j.project = :project AND j.unique_key = s.unique_key AND j.unique_key IS NOT NULL
+          AND j.status IN ('delayed', 'pending') AND clock_timestamp() < to_timestamp(:answer_by)
+        RETURNING j.id, j.job, j.unique_key, true AS existing
+    ), woken AS (
+        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM replaced) AND """ + NODES_WANT_WORK + """
+    )
+    SELECT id, job, unique_key, existing FROM replaced, (SELECT count(*) FROM woken) AS notified
+""")
 # Wakes idle nodes at commit, once per transaction, if any node wants work (store/base.NODES_WANT_WORK).
 NOTIFY_JOBS = text(f"SELECT pg_notify(:channel, '') WHERE {NODES_WANT_WORK}")
 # Rows of checked jobs a read of the COPY hands the driver: enough to keep the server busy between two reads.
@@ -145,10 +175,33 @@ def stage_jobs(connection, project: str, rows: list[dict[str, Any]], ids: list[i
     """Store ``rows`` (from ``enqueue.checked_row``) with their reserved ``ids`` (increasing) through the staging
     table, in the caller's transaction; say where each went, in their order. A row's place n is its id: the move
     inserts in id order, and skips the transaction's earlier batches by it."""
-    staged = ([id, id, *(row[column] for column in ENQUEUE_COLUMNS)] for id, row in zip(ids, rows))
-    connection.copy_in(STAGE_JOBS, io.BytesIO("".join(_copy_line(values) for values in staged).encode()))
-    moved = connection.execute(MOVE_STAGED_JOBS, {**insert_params(rows), "first": ids[0]}).all()
-    return in_request_order(rows, moved)
+    _stage(connection, rows, ids)
+    params = {**insert_params(rows), "first": ids[0]}
+    replaced = connection.execute(REPLACE_STAGED_JOBS, params).all() if params["replace_keys"] else []
+    if len(replaced) < len(params["replace_keys"]):  # keys no waiting job held any longer: staged again, inserted
+        taken = set(params["replace_keys"]) - {row.unique_key for row in replaced}
+        again = [(id, row) for id, row in zip(ids, rows) if row["unique_key"] in taken]
+        _stage(connection, [row for _, row in again], [id for id, _ in again])
+    moved = connection.execute(MOVE_STAGED_JOBS, params).all() if len(replaced) < len(rows) else []
+    return in_request_order(rows, replaced + moved)
+
+
+def _stage(connection, rows: list[dict[str, Any]], ids: list[int]) -> None:
+    """``rows`` into the staging table, each with its reserved id as its place n."""
+    connection.copy_in(STAGE_JOBS, io.BytesIO("".join(map(_staged_line, ids, rows)).encode()))
+
+
+def _staged_line(id: int, row: dict[str, Any]) -> str:
+    """A job's row in STAGE_JOBS' columns. The line of a job with a key and nothing else to say (text that needs no
+    escape: a bulk replace's) is written at once, twice as fast; any other, value by value."""
+    if (row["version"] is None and row["run_at"] is None and row["delay"] is None and row["periodic"] is None
+            and row["parent"] is None and row["parent_id"] is None and row["tree_id"] is None
+            and row["max_runtime"] is None and row["stall_timeout"] is None and row["pool"] is None
+            and row["unique_key"] is not None
+            and not _NEEDS_ESCAPE.search(row["spider"] + row["job"] + row["message"] + row["unique_key"])):
+        return (f"{id}\t{id}\t{row['spider']}\t{row['job']}\t\\N\t{row['priority']!r}\t{row['message']}\t\\N\t\\N\t"
+                f"{row['unique_key']}\t{row['retries']}\t{row['retry_delay']!r}\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\n")
+    return _copy_line([id, id, *(row[column] for column in ENQUEUE_COLUMNS)])
 
 
 class _CheckedJobs:
