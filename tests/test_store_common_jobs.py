@@ -61,6 +61,22 @@ def test_the_fast_path_gives_what_the_general_path_gives(job):
     assert _outcome(lambda: job_from_json_text(text)) == _outcome(lambda: job_from_json(parse_json(text)))
 
 
+@settings(max_examples=500, deadline=None)
+@given(JOB_OBJECTS, st.sampled_from(["gpu", "gpu,eu", " eu , gpu ", "", ",", "bad tag!", "x" * 64]))
+def test_with_default_tags_the_fast_path_gives_what_the_general_path_gives(job, tags):
+    """The enqueue command's --tags: the tags of every line without its own "tags", a bad one refused alike."""
+    job = {**job, "jobid": "fixed"} if job.get("jobid") is None else job
+    text = json.dumps(job)
+
+    def general():
+        given = parse_json(text)
+        if isinstance(given, dict):
+            given.setdefault("tags", tags)
+        return job_from_json(given)
+
+    assert _outcome(lambda: job_from_json_text(text, default_tags=tags)) == _outcome(general)
+
+
 @pytest.mark.parametrize("line", [
     {"spider": "sleeper", "jobid": "j-1", "priority": 2, "args": {"url": "https://e.x/1"}},
     {"spider": "sleeper", "jobid": "j-2", "unique_key": "k-2", "args": {"url": "https://e.x/2"}},

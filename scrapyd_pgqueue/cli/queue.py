@@ -299,7 +299,7 @@ class _LineBatches:
 
 
 class _CheckedLines:
-    """One batch of lines: its length known, its jobs checked as they are read (the fast path unless ``--tags``)."""
+    """One batch of lines: its length known, its jobs checked as they are read (the common line by the fast path)."""
 
     def __init__(self, lines: list[tuple[int, str]], tags: str | None):
         self.lines, self.tags = lines, tags
@@ -309,17 +309,11 @@ class _CheckedLines:
 
     def __iter__(self):
         from scrapyd_pgqueue.store.common_jobs import job_from_json_text
-        from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, parse_json
+        from scrapyd_pgqueue.store.job_requests import RefusedJob
 
         for number, text in self.lines:
             try:
-                if self.tags is None:
-                    request = job_from_json_text(text)
-                else:
-                    job = parse_json(text)
-                    if isinstance(job, dict):
-                        job.setdefault("tags", self.tags)
-                    request = job_from_json(job)
+                request = job_from_json_text(text, default_tags=self.tags)
             except (ValueError, RefusedJob) as e:
                 raise RefusedJob(f"line {number}: {e}") from None
             yield request.message, request.priority, request.options

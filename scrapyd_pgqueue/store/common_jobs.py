@@ -79,14 +79,21 @@ _BATCH_DECODER = msgspec.json.Decoder(CommonBatch)
 _OUTLINE_DECODER = msgspec.json.Decoder(BatchOutline)
 
 
-def job_from_json_text(document: str | bytes, default_retries: int = 0) -> JobRequest:
+def job_from_json_text(document: str | bytes, default_retries: int = 0, default_tags: str | None = None
+                       ) -> JobRequest:
     """The job object ``document`` (JSON text) as ``job_requests.job_from_json`` makes it (RefusedJob, or
-    ValueError for text that is not JSON, when it is not a job)."""
+    ValueError for text that is not JSON, when it is not a job); ``default_tags``: the "tags" of an object without
+    its own, as if it held them (the enqueue command's --tags)."""
     try:
-        request = common_job_request(_DECODER.decode(document), default_retries)
+        request = common_job_request(_DECODER.decode(document), default_retries, default_tags)
     except (msgspec.ValidationError, msgspec.DecodeError):
         request = None
-    return request or job_from_json(parse_json(document), default_retries)
+    if request is not None:
+        return request
+    job = parse_json(document)
+    if default_tags is not None and isinstance(job, dict):
+        job.setdefault("tags", default_tags)
+    return job_from_json(job, default_retries)
 
 
 def common_batch(document: bytes, default_retries: int = 0) -> tuple[str, list[JobRequest]] | None:
@@ -137,8 +144,10 @@ class CommonJobs:
             yield request.message, request.priority, request.options
 
 
-def common_job_request(job: CommonJob, default_retries: int = 0) -> JobRequest | None:
-    """``job`` as the JobRequest job_from_json makes of it, or None where the general path must decide."""
+def common_job_request(job: CommonJob, default_retries: int = 0, default_tags: str | None = None
+                       ) -> JobRequest | None:
+    """``job`` as the JobRequest job_from_json makes of it (given ``default_tags`` as its "tags": a common object
+    has none of its own), or None where the general path must decide."""
     try:
         spider, version = job.spider, job.version
         jobid = uuid.uuid1().hex if job.jobid is None else job.jobid
@@ -156,7 +165,7 @@ def common_job_request(job: CommonJob, default_retries: int = 0) -> JobRequest |
         if any("\x00" in pair for pair in pairs):
             return None
         check_crawl_arguments(pairs, args)
-        options = _default_options(default_retries)
+        options = _default_options(default_retries, default_tags)
         if job.delay is not None or job.unique_key is not None or job.on_conflict is not msgspec.UNSET:
             options = _options(job, options)
             if options is None:
@@ -187,4 +196,5 @@ def _options(job: CommonJob, default):
         return None
     if key is not None and (not key or "\x00" in key or len(key) * 4 > MAX_NAME_BYTES):
         return None
-    return JobOptions(delay=delay, unique_key=key, on_conflict=on_conflict, retries=default.retries)
+    return JobOptions(delay=delay, unique_key=key, on_conflict=on_conflict, retries=default.retries,
+                      tags=default.tags)

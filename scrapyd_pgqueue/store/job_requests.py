@@ -327,9 +327,9 @@ def job_from_json(job: Any, default_retries: int = 0) -> JobRequest:
 
 
 @functools.lru_cache(maxsize=8)
-def _default_options(default_retries: int) -> JobOptions:
-    """The options of a job that gives none (most of a bulk schedule's): worked out once."""
-    return _options({}, default_retries)
+def _default_options(default_retries: int, tags: str | None = None) -> JobOptions:
+    """The options of a job that gives none (most of a bulk schedule's), or only ``tags``: worked out once."""
+    return _options({} if tags is None else {"tags": tags}, default_retries)
 
 
 def _name(what: str, value: Any) -> str:
