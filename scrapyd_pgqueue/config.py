@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scrapyd_pgqueue.former_paths import deprecated_names
+
 
 DATABASE_URL_OPTION = "database_url"
 DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
@@ -351,11 +353,6 @@ def apply_defaults(config) -> None:
                 parser.set(section, option, value)
 
 
-def __getattr__(name: str):
-    """``OneLineConfig``, from its own module when first asked for: it subclasses Scrapyd's ``Config``, and importing
-    Scrapyd imports Scrapy and Twisted (0.2 s), which the command line and the COPY helper never use."""
-    if name == "OneLineConfig":
-        from scrapyd_pgqueue.one_line_config import OneLineConfig
-
-        return OneLineConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# OneLineConfig lives in its own module (importing Scrapyd imports Scrapy and Twisted, 0.2 s, which the command line
+# and the COPY helper never use); its former path here still works, warning with the new one.
+__getattr__ = deprecated_names(__name__, {"OneLineConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig"})

@@ -1,4 +1,4 @@
-"""Scrapyd's configuration as a one-line node and its crawls read it (``config.OneLineConfig``)."""
+"""Scrapyd's configuration as a one-line node and its crawls read it (formerly ``config.OneLineConfig``)."""
 
 from __future__ import annotations
 

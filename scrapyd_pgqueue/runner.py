@@ -20,7 +20,8 @@ from scrapyd_pgqueue.one_line_config import OneLineConfig  # noqa: E402
 from scrapyd_pgqueue.crawl_process import stats_extension  # noqa: E402
 from scrapyd_pgqueue.former_paths import deprecated_names  # noqa: E402
 
-__getattr__ = deprecated_names(__name__, {"ClusterConfig": "scrapyd_pgqueue.config.OneLineConfig"})  # a former name
+# a former name
+__getattr__ = deprecated_names(__name__, {"ClusterConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig"})
 
 
 def main():

@@ -28,7 +28,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # Names a user may have imported before they were renamed, with their current names: deprecated aliases.
 FORMER_NAMES = {
     "scrapyd_pgqueue.store.ClusterStore": "scrapyd_pgqueue.store.AllJobsStore",
-    "scrapyd_pgqueue.runner.ClusterConfig": "scrapyd_pgqueue.config.OneLineConfig",
+    "scrapyd_pgqueue.runner.ClusterConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig",
+    "scrapyd_pgqueue.config.OneLineConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig",
     "scrapyd_pgqueue.webservice.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
     "scrapyd_pgqueue.services.resource.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
     "scrapyd_pgqueue.webservice.ScheduleBatch": "scrapyd_pgqueue.services.batches.ScheduleBatch",
