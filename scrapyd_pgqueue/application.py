@@ -126,15 +126,17 @@ def _is_loopback(address: str) -> bool:
 def application(config):
     """Scrapyd's ``application``: the cluster's components, services and pages, then Scrapyd's own build."""
     from scrapyd.app import application as scrapyd_application
+    from scrapyd.interfaces import IEnvironment
     from twisted.logger import Logger
 
     from scrapyd_pgqueue import config as pgconfig
+    from scrapyd_pgqueue.components.environment import CrawlEnvironment
     from scrapyd_pgqueue.store import db, roles
     from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
-    from scrapyd_pgqueue.node import copy_writer, crawl_keys, spider_list
+    from scrapyd_pgqueue.node import copy_writer, crawl_keys, spawning, spider_list
     from scrapyd_pgqueue.web.request_limits import judge_requests_on_their_headers
 
-    make_not_dumpable()  # crawls run as this user: they must not read its environment or memory
+    make_not_dumpable()  # no crawl may read its environment or memory
     refusal = open_to_the_network(config)
     if refusal:
         raise pgconfig.ConfigurationError(refusal)
@@ -143,11 +145,15 @@ def application(config):
     apply_defaults(config)
     warn_half_configuration(config)
     settings = pgconfig.settings(config)
+    secrets = crawl_keys.node_secrets(config, settings)
+    environment = CrawlEnvironment(config)
+    # First, before any connection, thread or port: the spawner, then (a node started as root) the node unprivileged.
+    spawning.start_spawner(settings, spawning.node_directories(config, settings, environment), secrets)
     roles.warn_if_privileged(db.engine_for_settings(settings))
     app = scrapyd_application(config)
+    app.setComponent(IEnvironment, environment)  # Scrapyd's application builds its own, which no option names
     judge_requests_on_their_headers(app, config, settings)
-    secrets = crawl_keys.node_secrets(config, settings)
-    spider_list.install(app, secrets)
+    spider_list.install(app, secrets, settings)
     copy_writer.install(settings, secrets)
     return app
 

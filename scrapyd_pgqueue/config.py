@@ -124,6 +124,19 @@ class Settings:
     webhook_timeout: float = 10.0
     webhook_backoff: float = 10.0
     webhook_backoff_max: float = 3600.0
+    # The crawl boundary (node/spawner.py). A node started as root runs each project's crawls under a uid of its own
+    # from crawl_uid_range, and itself as node_user (a name or uid; empty: the working directory's owner, else the uid
+    # below the range); off: crawls run as the node's user (one trust domain).
+    crawl_users: bool = True
+    crawl_uid_range: tuple[int, int] = (20000, 29999)
+    node_user: str = ""
+    # Where each crawl gets a directory of its own (its working directory and HOME), under one per project.
+    crawls_dir: str = "crawls"
+    # Crawls restrict their own file access with Landlock where the kernel has it: they write only to their own
+    # directory, log and items, and to crawl_paths (absolute paths, comma-separated), and read only the system's,
+    # Python's and those.
+    crawl_landlock: bool = True
+    crawl_paths: tuple[str, ...] = ()
 
     @property
     def stop_deadline(self) -> float:
@@ -220,6 +233,34 @@ def node_name(config=None) -> str:
     return os.environ.get(NODE_NAME_VARIABLE) or _get(config, "node_name", "") or socket.gethostname()
 
 
+def _switch(config, option: str, default: bool) -> bool:
+    value = str(_get(config, option, "") or ("on" if default else "off")).strip().lower()
+    if value not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
+        raise ConfigurationError(f"'{option}' must be on or off, not {value!r}")
+    return value in ("on", "true", "yes", "1")
+
+
+def uid_range(value: str) -> tuple[int, int]:
+    """``crawl_uid_range``: FIRST-LAST, uids above root's and the system's (1000 up), at least one."""
+    first, _, last = value.partition("-")
+    try:
+        first_uid, last_uid = int(first), int(last)
+    except ValueError:
+        raise ConfigurationError(f"'crawl_uid_range' must be FIRST-LAST (20000-29999), not {value!r}") from None
+    if not 1000 <= first_uid <= last_uid < 2**31 - 1:
+        raise ConfigurationError(f"'crawl_uid_range' must run from 1000 up, first <= last, not {value!r}")
+    return first_uid, last_uid
+
+
+def crawl_paths(value: str) -> tuple[str, ...]:
+    """``crawl_paths``: absolute paths, comma-separated."""
+    paths = tuple(path.strip() for path in value.split(",") if path.strip())
+    relative = [path for path in paths if not os.path.isabs(path)]
+    if relative:
+        raise ConfigurationError(f"'crawl_paths' takes absolute paths, not {relative[0]!r}")
+    return paths
+
+
 def settings(config=None) -> Settings:
     def number(option, default, kind=float):
         value = _get(config, option, "")
@@ -268,6 +309,12 @@ def settings(config=None) -> Settings:
         webhook_timeout=number("webhook_timeout", 10.0),
         webhook_backoff=number("webhook_backoff", 10.0),
         webhook_backoff_max=number("webhook_backoff_max", 3600.0),
+        crawl_users=_switch(config, "crawl_users", True),
+        crawl_uid_range=uid_range(str(_get(config, "crawl_uid_range", "") or "20000-29999")),
+        node_user=str(_get(config, "node_user", "") or "").strip(),
+        crawls_dir=str(_get(config, "crawls_dir", "") or "crawls"),
+        crawl_landlock=_switch(config, "crawl_landlock", True),
+        crawl_paths=crawl_paths(str(_get(config, "crawl_paths", "") or "")),
     )
     for option in ("dead_to_keep", "tree_max_jobs"):
         if (getattr(result, option) or 0) < 0:

@@ -51,17 +51,18 @@ class IRecordingJobStorage(IJobStorage):
 
 
 class IEggFiles(IEggStorage):
-    """An egg storage that gives the node each egg as a file (``components/eggstorage.py``): the crawl, which holds no
-    database URL, opens the file the node fetched."""
+    """An egg storage that gives the node each egg checked and sealed (``components/eggstorage.py``): the crawl, which
+    holds no database URL, imports the memory file the node hands it."""
 
-    def egg_file(project, version=None):
-        """Thread: the path of the egg a job of ``project`` runs (the newest version unless pinned), fetched into the
-        node's cache; '' when the project has no egg. The launcher hands it to the crawl and to its warm process, and
+    def sealed_egg(project, version=None):
+        """Thread: the egg a job of ``project`` runs (the newest version unless pinned) as a ``SealedEgg`` (a sealed
+        memory file holding the bytes checked against the egg's sha256, the caller's descriptor to close, and that
+        digest); None when the project has no egg. The launcher hands it to the crawl and to its warm process, and
         ``scrapy list`` (``node/spider_list.py``) gets it too."""
 
-    def prune_cache(in_use=frozenset()):
-        """Thread: delete the cached eggs the database no longer has, except the files in ``in_use``; returns the
-        names deleted. ``node/events.py`` calls it when eggs change anywhere in the cluster."""
+    def prune_cache():
+        """Thread: forget the cached eggs the database no longer has; returns the file names deleted.
+        ``node/events.py`` calls it when eggs change anywhere in the cluster."""
 
 
 class INodeCrawls(Interface):

@@ -16,8 +16,9 @@ itself (it joins the crawl's tree: see the README's "Crawl trees")::
             schedule("report", {"day": "today"})  # one job now; returns its job id
 
 The parent is the running crawl: Scrapyd gives it its job id as the spider argument ``_job`` (and the node's
-launcher as ``SCRAPY_JOB``). A crawl holds no database URL: it asks the node that runs it, over the node's Unix socket
-(``SCRAPYD_PGQUEUE_NODE_ADDRESS``), with a token of its own job (``SCRAPYD_PGQUEUE_CRAWL_TOKEN``) that dies with it.
+launcher as ``SCRAPY_JOB``). A crawl holds no database URL: it asks the node that runs it, over the node's Unix socket,
+with a token of its own job that dies with it, both given in its launch (never its environment) and good from its own
+process only.
 The node decides the project (the crawl's own) and refuses a parent outside the crawl's tree (``node/crawl_api.py``;
 the crawl's side is ``crawl_process/crawl_node.py``, standard library only). Nothing here imports Twisted's reactor (the pipeline
 uses the one the crawl runs): a crawl pays nothing to import this module.
@@ -33,8 +34,6 @@ from typing import Any
 
 from scrapyd_pgqueue.crawl_process.crawl_node import (  # noqa: F401 - the API's errors and variables, importable from here
     JOB_VARIABLE,
-    NODE_ADDRESS_VARIABLE,
-    TOKEN_VARIABLE,
     NodeUnavailableError,
     NotInACrawlError,
     scheduler as _scheduler,

@@ -2,22 +2,24 @@
 
 Scrapyd's runner reads the configuration files again in the subprocess; with only the one line there, it would build
 Scrapyd's file egg storage and miss every egg deployed to the database. This one applies the one-line defaults to
-that configuration first, and adds the extension that reports the crawl's stats to its node. No reactor import:
-this is the crawl process, where importing Twisted's reactor would install the default one before Scrapy installs
-its asyncio reactor, and every crawl would fail.
+that configuration first, enters the launch its node gave it (``crawl_process/launch.py``: its arguments, its token,
+its directories, its Landlock domain) before any of the project's code loads, activates the egg the node sealed, and
+adds the extension that reports the crawl's stats to its node. No reactor import: this is the crawl process, where
+importing Twisted's reactor would install the default one before Scrapy installs its asyncio reactor, and every crawl
+would fail.
 """
 
 from __future__ import annotations
 
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
 
-if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, other crawls lose sight of its token
+if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, other processes lose sight of it
     make_not_dumpable()
 
 from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above
 
+from scrapyd_pgqueue.crawl_process import launch, stats_extension  # noqa: E402
 from scrapyd_pgqueue.one_line_config import OneLineConfig  # noqa: E402
-from scrapyd_pgqueue.crawl_process import stats_extension  # noqa: E402
 from scrapyd_pgqueue.former_paths import deprecated_names  # noqa: E402
 
 # a former name
@@ -25,7 +27,9 @@ __getattr__ = deprecated_names(__name__, {"ClusterConfig": "scrapyd_pgqueue.one_
 
 
 def main():
+    launch.enter(launch.read_launch())
     scrapyd_runner.Config = OneLineConfig  # project_environment() builds its egg storage from Config()
+    scrapyd_runner.activate_egg = launch.activate_egg  # the sealed egg, imported by its /proc/self/fd path
     stats_extension.install()  # the crawl reports its stats to its node (crawl_process/job_stats.py)
     scrapyd_runner.main()
 

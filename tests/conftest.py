@@ -121,8 +121,10 @@ def admin_connection(database_url):
 
 # --- clusters of real nodes, and a database they may lose ---------------------------------------------------------
 
-# Short leases so that a dead node is noticed in seconds.
-FAST = {"lease_seconds": "4", "heartbeat_interval": "1", "poll_interval": "1", "stop_timeout": "5"}
+# Short leases so that a dead node is noticed in seconds. Crawls as the node's user (root here): the tests' directories
+# and Python are root's own; tests/test_crawl_users.py runs crawls under users of their projects.
+FAST = {"lease_seconds": "4", "heartbeat_interval": "1", "poll_interval": "1", "stop_timeout": "5",
+        "crawl_users": "off"}
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ import uuid
 import psycopg2
 from sqlalchemy import make_url
 
+# The system's interpreter of this version (readable by every user, where the tests' own may sit in a private home).
+SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 SECRET = "fault-s3cret-pw"  # the nodes' database password in fault tests: no log line may show it
 # A node's configuration for claiming only at start-up (a poll an hour, no NOTIFY): jobs scheduled through it later wait
 # for another node.
@@ -342,7 +344,7 @@ class SiteServer:
 # The node's crawl endpoint (node/crawl_api.py) alone, on its own reactor, for the crawl API's tests: it admits one
 # crawl (project, job, its row) and prints that crawl's environment, then serves until killed.
 CRAWL_API_SERVER = """
-import json, sys
+import json, sys, threading
 from twisted.internet import reactor
 from scrapyd_pgqueue.config import Settings
 from scrapyd_pgqueue.node.crawl_api import CrawlApi
@@ -354,23 +356,48 @@ settings = Settings(database_url=url, node_name="n", default_retries=2, tree_max
 api = CrawlApi(settings, JobStore.for_settings(settings), "n")
 api.listen(directory)
 claimed = ClaimedJob(int(row_id), project, job, 1, {})
-print(json.dumps(api.admit(project, job, claimed)), flush=True)
+token = api.admit(project, job, claimed)
+print(json.dumps({"node": api.address, "token": token}), flush=True)
+
+def crawl_pids():  # each line: the pid of the process that is the crawl from now on (as a node learns it)
+    for line in sys.stdin:
+        done = threading.Event()
+        reactor.callFromThread(lambda pid=int(line): (api.started(token, pid), done.set()))
+        done.wait()
+        print("ok", flush=True)
+
+threading.Thread(target=crawl_pids, daemon=True).start()
 reactor.run()
 """
 
 
+class CrawlApiServer:
+    """A node's crawl endpoint (max_request_bytes 1 MB) serving one running crawl: its address (``node``) and the
+    crawl's ``token``; ``crawl_is(pid)`` names the process that is that crawl, whose requests alone it takes."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        launch = json.loads(process.stdout.readline())
+        self.node, self.token = launch["node"], launch["token"]
+
+    def crawl_is(self, pid: int) -> None:
+        self.process.stdin.write(f"{pid}\n")
+        self.process.stdin.flush()
+        assert self.process.stdout.readline() == "ok\n"
+
+
 @contextlib.contextmanager
 def crawl_api_server(url, project, job, row_id, directory, tree_max_jobs=100_000, database_timeout=30.0):
-    """A node's crawl endpoint (max_request_bytes 1 MB) serving one running crawl: that crawl's environment (address
-    and token)."""
     process = subprocess.Popen([sys.executable, "-c", CRAWL_API_SERVER, url, project, job, str(row_id),
                                 str(directory), str(tree_max_jobs), str(database_timeout)], stdout=subprocess.PIPE,
-                               text=True)
+                               stdin=subprocess.PIPE, text=True)
     try:
-        yield json.loads(process.stdout.readline())
+        yield CrawlApiServer(process)
     finally:
         process.kill()
         process.wait()
+
+
 # --- a webhook receiver -------------------------------------------------------------------------------------------
 
 
@@ -508,3 +535,40 @@ def heard(connection, wait: float) -> list[tuple[str, str]]:
     received = [(n.channel, n.payload) for n in connection.notifies]
     connection.notifies.clear()
     return received
+
+
+# --- a node's processes ------------------------------------------------------------------------------------------
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of process ``pid``, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def children_of(pid: int, command: bytes = b"") -> list[int]:
+    """The processes whose parent is ``pid`` (and whose command line holds ``command``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and parent_pid(int(entry)) == pid and command in open(f"/proc/{entry}/cmdline",
+                                                                                        "rb").read():
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def spawner_pid(node) -> int:
+    """The node's spawner (node/spawner.py), which starts its cold crawls, `scrapy list` and warm processes."""
+    return wait_for(lambda: children_of(node.process.pid, b"scrapyd_pgqueue.node.spawner"), 30, "the spawner")[0]
+
+
+def unprivileged_path() -> str:
+    """The example project, this package and the test environment's libraries, for the system's interpreter run by
+    another user than root: the tests' own interpreter may sit in a directory only root can reach."""
+    import site
+
+    from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, REPOSITORY
+
+    return os.pathsep.join([str(EXAMPLE_PROJECT), str(REPOSITORY), *site.getsitepackages()])

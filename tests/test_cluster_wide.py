@@ -426,10 +426,10 @@ def run_client(command: list[str], project_dir: Path) -> subprocess.CompletedPro
     return result
 
 
-def test_an_egg_deployed_once_through_node1_runs_on_node3(cluster, tmp_path):
+def test_an_egg_deployed_once_through_node1_runs_on_node3(cluster, tmp_path, record_dir):
     node1, node2, node3 = cluster.nodes
     project_dir = write_marker_project(tmp_path / "client" / "marker", cluster, version="1")
-    record = tmp_path / "marker-runs.jsonl"
+    record = record_dir / "marker-runs.jsonl"  # where crawls may write (crawl_paths)
 
     # scrapyd-deploy builds the egg and uploads it to node 1 only, twice: versions 1 and 2.
     deployed = run_client([str(BIN / "scrapyd-deploy"), "node1", "--version", "1"], project_dir)

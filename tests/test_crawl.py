@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -31,13 +32,14 @@ def running_root(database_url) -> int:
 
 @contextlib.contextmanager
 def crawl_of_root(database_url, tmp_path, monkeypatch, row_id, **settings):
-    """The environment a node gives the crawl of job "root" of project "p": its node's endpoint and token."""
-    with crawl_api_server(database_url, "p", "root", row_id, tmp_path / "api", **settings) as env:
-        env[crawl.JOB_VARIABLE] = "root"
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
+    """This process as the crawl of job "root" of project "p", as its launch makes it: its node's endpoint and its
+    token (the server's, which takes this process for the crawl)."""
+    with crawl_api_server(database_url, "p", "root", row_id, tmp_path / "api", **settings) as server:
+        monkeypatch.setenv(crawl.JOB_VARIABLE, "root")
         monkeypatch.setattr(crawl_node, "_schedulers", {})
-        yield env
+        monkeypatch.setattr(crawl_node, "_node", (server.node, server.token))
+        server.crawl_is(os.getpid())
+        yield server
 
 
 @pytest.fixture
@@ -67,14 +69,19 @@ def test_schedule_makes_children_of_the_running_crawl_with_tree_keys(database_ur
     assert (priority, retries) == (5, 2)  # the node's default_retries
     assert message == {"url": "https://a/1", "name": "page", "_job": first, "settings": {"X": "1"}}
     assert AllJobsStore.for_url(database_url).lineage(first, "p") == ("root", "root")
-    assert {"sqlalchemy", "psycopg2", "scrapyd_pgqueue.store"}.isdisjoint(crawl_imports_after_a_schedule())
+    assert {"sqlalchemy", "psycopg2", "scrapyd_pgqueue.store"}.isdisjoint(crawl_imports_after_a_schedule(in_a_crawl))
 
 
-def crawl_imports_after_a_schedule() -> set[str]:
-    """The modules a crawl process (this environment) holds once it has scheduled a child."""
-    code = ("import sys, scrapyd_pgqueue.crawl as c; c.schedule('page', unique_key='imports'); "
+def crawl_imports_after_a_schedule(server) -> set[str]:
+    """The modules a crawl process (this environment, ``server``'s crawl) holds once it has scheduled a child."""
+    code = ("import sys, scrapyd_pgqueue.crawl as c; from scrapyd_pgqueue.crawl_process import crawl_node; "
+            "crawl_node.set_node(*sys.stdin.readline().split()); c.schedule('page', unique_key='imports'); "
             "print(' '.join(sys.modules))")
-    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server.crawl_is(process.pid)
+    stdout, _ = process.communicate(f"{server.node} {server.token}\n", timeout=60)
+    assert process.returncode == 0
+    return set(stdout.split())
 
 
 def test_bad_follow_ups_are_refused_with_the_reason_and_nothing_is_stored(database_url, in_a_crawl):
@@ -111,8 +118,8 @@ def test_a_tree_at_its_cap_refuses_the_next_follow_up_with_the_reason(database_u
 
 
 def test_outside_a_crawl_schedule_says_what_is_missing(monkeypatch):
-    for name in (crawl.JOB_VARIABLE, crawl.NODE_ADDRESS_VARIABLE, crawl.TOKEN_VARIABLE):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(crawl.JOB_VARIABLE, raising=False)
+    monkeypatch.setattr(crawl_node, "_node", (None, None))
     with pytest.raises(crawl.NotInACrawlError, match=r"no parent job \(SCRAPY_JOB\), node"):
         crawl.schedule("page")
 
@@ -133,9 +140,19 @@ def test_a_crawl_schedules_into_its_own_tree_only(database_url, in_a_crawl):
 
 
 def test_a_forged_token_schedules_nothing(database_url, in_a_crawl, monkeypatch):
-    monkeypatch.setenv(crawl.TOKEN_VARIABLE, in_a_crawl[crawl.TOKEN_VARIABLE][:-4] + "AAAA")
+    monkeypatch.setattr(crawl_node, "_node", (in_a_crawl.node, in_a_crawl.token[:-4] + "AAAA"))
     with pytest.raises(crawl.NotInACrawlError, match="unknown token: not a crawl running on this node"):
         crawl.schedule("page")
+    assert query(database_url, "SELECT count(*) FROM spider_job WHERE parent IS NOT NULL") == [(0,)]
+
+
+def test_a_crawl_s_token_from_another_process_schedules_nothing(database_url, in_a_crawl):
+    """A token read from a crawl (its memory, a log) is worth nothing elsewhere: the node checks the caller's pid."""
+    code = ("import sys; from scrapyd_pgqueue.crawl_process import crawl_node; crawl_node.set_node(*sys.argv[1:]); "
+            "import scrapyd_pgqueue.crawl as c; c.schedule('page')")
+    result = subprocess.run([sys.executable, "-c", code, in_a_crawl.node, in_a_crawl.token],
+                            env={**os.environ, crawl.JOB_VARIABLE: "root"}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "is not the calling process's" in result.stderr, result.stderr[-2000:]
     assert query(database_url, "SELECT count(*) FROM spider_job WHERE parent IS NOT NULL") == [(0,)]
 
 
@@ -159,8 +176,12 @@ def test_a_database_that_is_away_stores_nothing_and_says_so(stoppable_database, 
 
 
 PIPELINE_SPIDER = """\
+import os, sys
 import scrapy
 from scrapyd_pgqueue.crawl import FollowUp
+from scrapyd_pgqueue.crawl_process import crawl_node
+
+crawl_node.set_node(*sys.stdin.readline().split())  # as its launch would: once the node knows this process
 
 class Spider(scrapy.Spider):
     name = "{name}"
@@ -185,11 +206,16 @@ def pipeline_spider(name: str, batch_size: int, parse: str, stats: tuple[str, ..
     return PIPELINE_SPIDER.format(name=name, batch_size=batch_size, parse=body, stats=stats)
 
 
-def run_spider(tmp_path, source: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """``scrapy runspider`` of ``source`` as the crawl of job root: the finished process and the stats it printed."""
+def run_spider(server, tmp_path, source: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``scrapy runspider`` of ``source`` as the crawl of job root (``server``'s): the finished process and the stats it
+    printed."""
     (tmp_path / "spider.py").write_text(source)
-    result = subprocess.run([sys.executable, "-m", "scrapy", "runspider", "spider.py", "-a", "_job=root", *args],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    process = subprocess.Popen([sys.executable, "-m", "scrapy", "runspider", "spider.py", "-a", "_job=root", *args],
+                               cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    server.crawl_is(process.pid)
+    stdout, stderr = process.communicate(f"{server.node} {server.token}\n", timeout=120)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert result.returncode == 0, result.stderr[-3000:]
     [stats] = [json.loads(line[6:]) for line in result.stdout.splitlines() if line.startswith("STATS ")]
     return result, stats
@@ -204,14 +230,14 @@ SPIDER = pipeline_spider("links", 500, """
 
 
 def test_the_pipeline_stores_follow_ups_in_batches_before_the_crawl_ends(database_url, in_a_crawl, tmp_path):
-    result, stats = run_spider(tmp_path, SPIDER, "-o", "items.jsonl")
+    result, stats = run_spider(in_a_crawl, tmp_path, SPIDER, "-o", "items.jsonl")
     assert stats["followup/scheduled"] == 600 and stats["followup/known"] == 600
     assert stats["item_dropped_count"] == 1200 and stats["item_scraped_count"] == 1
     assert [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()] == [{"plain": "item"}]
     rows = query(database_url, "SELECT count(*), count(DISTINCT message->>'n'), min(parent), max(parent) "
                                "FROM spider_job WHERE parent IS NOT NULL")
     assert rows == [(600, 600, "root", "root")]
-    assert in_a_crawl[crawl.TOKEN_VARIABLE] not in result.stderr  # no token in its log
+    assert in_a_crawl.token not in result.stderr  # no token in its log
 
     # The tree as people and scripts see it: the root still running, 600 children pending.
     view = AllJobsStore.for_url(database_url).tree("p", "root")
@@ -235,7 +261,7 @@ def test_a_follow_up_the_database_refuses_loses_only_itself(database_url, in_a_c
     store = JobStore.for_url(database_url)
     store.enqueue("p", {"name": "page", "_job": "taken"})  # a live job id
     store.enqueue("p", {"name": "page", "_job": "holder"}, options=JobOptions(unique_key="held"))  # a waiting key
-    result, stats = run_spider(tmp_path, REFUSING_SPIDER)
+    result, stats = run_spider(in_a_crawl, tmp_path, REFUSING_SPIDER)
     assert stats == {"followup/scheduled": 27, "followup/known": 0, "followup/refused": 3}
     for reason in ("Follow-up job taken of spider page refused: job id 'taken' is already pending or running",
                    "Follow-up job twin of spider page refused: job id 'twin' is already pending or running",

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import shutil
-import site
 import socket
 import subprocess
 import sys
@@ -21,25 +19,17 @@ import pytest
 from sqlalchemy import make_url
 
 from conftest import FAST
-from scrapyd_pgqueue import crawl
-from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, NODE_CONFIG, REPOSITORY, ScrapydNode
+from scrapyd_pgqueue.local.cluster import NODE_CONFIG, ScrapydNode
 from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
-from helpers import jobs, wait_for
+from helpers import SYSTEM_PYTHON, jobs, unprivileged_path, wait_for
 
 NOBODY = 65534
-SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 DATABASE_PASSWORD = "db-s3cret-keys-pw"
 HTTP_PASSWORD = "http-s3cret-keys-pw"
 INTRUDER_CONFIG = NODE_CONFIG.read_text().rstrip("\n") + "\nintruder = example.intruder_settings\n"
 SECRET_NAMES = ("SCRAPYD_DATABASE_URL", "SCRAPYD_PGQUEUE_DATABASE_URL", "SCRAPYD_PASSWORD", "SCRAPYD_USERNAME",
                 "DATABASE_PASSWORD", "MOUNTED_SECRET")
-
-
-def unprivileged_path() -> str:
-    """The example project, this package and the test environment's libraries, for the system's interpreter: the
-    tests' own interpreter may sit in a directory ``nobody`` cannot reach."""
-    return os.pathsep.join([str(EXAMPLE_PROJECT), str(REPOSITORY), *site.getsitepackages()])
 
 
 def unprivileged_user() -> tuple[int, str]:
@@ -115,24 +105,27 @@ def test_a_crawl_finds_no_key_of_its_node(unprivileged_node, database_url):
     warm_processes = [record for record in imports if record["argv"][0].endswith("warm_process.py")]
     assert len(warm_processes) == (1 if start == "warm" else 0)
 
-    # The node (the crawl's parent when cold, its grandparent when forked from a warm process) cannot be read, nor
-    # the warm process, nor the COPY helper; nor this crawl by another crawl (its token): none is dumpable.
+    # The node (the crawl's grandparent when cold, under its spawner; further up when forked from a warm process)
+    # cannot be read, nor the warm process, nor the COPY helper; nor this crawl by another crawl: none is dumpable.
     node_pid = str(node.process.pid)
     assert probe["ancestors"][node_pid]["environ"].startswith("unreadable: PermissionError")
-    assert [path for path in probe["files"] if path.endswith("scrapyd.conf")]  # it read the node's configuration
+    # Its directory and home are its own: none of the node's files (its configuration) is there to read.
+    assert not [path for path in probe["files"] if "scrapyd.conf" in path or path.endswith(".scrapy.cfg")]
+    assert probe["cwd"] != str(node.directory) and not probe["cwd"].startswith(str(node.directory) + "/logs")
     if start == "warm":
-        [warm] = [pid for pid in probe["ancestors"] if pid != node_pid]
-        assert "warm_process" in probe["ancestors"][warm]["cmdline"]
+        [warm] = [pid for pid, seen in probe["ancestors"].items() if "warm_process" in seen["cmdline"]]
         assert probe["ancestors"][warm]["environ"].startswith("unreadable: PermissionError")
     [helper] = [seen for seen in probe["relatives"].values() if "copy_helper" in seen["cmdline"]]
     assert helper["environ"].startswith("unreadable: PermissionError")  # nor the helper that holds the URL
     assert probe["dumpable"] == 0
+    # Neither its token nor its arguments are in its environment or on its command line.
+    assert probe["node"][1] and probe["node"][1] not in json.dumps(probe["environ"]) + probe["cmdline"]
 
 
 def test_a_token_dies_with_its_job(unprivileged_node, database_url):
     node, record_dir, _, _ = unprivileged_node
     probe = run_probe(node, database_url, record_dir)
-    address, token = probe["environ"][crawl.NODE_ADDRESS_VARIABLE], probe["environ"][crawl.TOKEN_VARIABLE]
+    address, token = probe["node"]
     assert address.startswith("unix:")
     status, answer = post_schedule(address[5:], token, {"jobs": [{"spider": "probe"}]})
     assert (status, answer["status"]) == (401, "error"), answer
@@ -165,3 +158,28 @@ def test_the_crawl_environment_drops_secrets_by_name_and_by_value():
         "PATH": "/usr/bin", "HOME": "/home/scrapyd", "PYTHONPATH": "/app", "SCRAPY_PROJECT": "p",
         "HOLDS_TINY": "destiny", "USER_SETTING": "kept",  # a short secret is matched whole, not inside words
     }
+
+
+def test_in_one_user_mode_a_spider_plants_nothing_and_the_node_says_so(unprivileged_node, database_url):
+    """Where the node cannot switch users, its projects share its user: it says so at start, and Landlock and the
+    isolated children still keep a spider from planting code in the node's directory or home, or from having what it
+    leaves in its own directory imported by any other process."""
+    node, record_dir, _, start = unprivileged_node
+    assert node.get("daemonstatus.json")["crawl_boundary"] == ["one user", "landlock"]
+    assert "its projects share one trust domain" in node.logfile.read_text()
+    answer = node.post("schedule.json", project="intruder", spider="attacker", jobid="attacker",
+                       node_dir=str(node.directory))
+    assert answer["status"] == "ok", answer
+    wait_for(lambda: jobs(database_url).get("attacker", ("",))[0] == "terminated", 60, "the attacker to end")
+    [attack] = records(record_dir, "attacks.jsonl")
+    results = attack["results"]
+    assert results["plant_in_own_directory"] == results["plant_in_own_home"] == "ok"
+    for attempt in ("plant_in_node_directory", "plant_in_node_home", "write_node_eggs"):
+        assert results[attempt].startswith("PermissionError"), (attempt, results[attempt])
+    assert results["read_node_config"] == "unreadable: PermissionError"
+    assert results["remote_control"] is results["telnet_console"] is False
+    # A COPY helper, a new crawl (and, warm, a forked one) and `scrapy list` of the project start after it.
+    batch = [{"spider": "probe", "jobid": f"later-{i}", "delay": 3600} for i in range(COPY_MIN_JOBS)]
+    assert node.post_json("schedule_batch.json", {"project": "intruder", "jobs": batch})["status"] == "ok"
+    run_probe(node, database_url, record_dir, "after")
+    assert not (record_dir / "planted.jsonl").exists()

@@ -272,20 +272,37 @@ def test_an_egg_altered_in_the_database_is_refused_and_its_code_never_runs(
         [(outcome, reason)] = query(database_url, "SELECT outcome, reason FROM spider_job WHERE job = %s", (job,))
         return outcome, reason, bool(runs_of(tmp_path, job))
 
+    def restart():  # a node process seals an egg once, then hands its crawls that sealed copy: a new one reads again
+        node.stop()
+        node.start()
+        node.wait_ready()
+
     assert run("verified") == ("finished", None, True)
-    # A cached file altered on disk (a crawl runs as the node's user) is fetched again, checked, and runs.
+    # A cached file altered on disk is fetched again, checked, and runs (the node running meanwhile never reads it).
     cached = node.directory / "eggs" / "pgqueue" / f"{egg_id}.egg"
     cached.write_bytes(deployed + b"\x00")
+    assert run("cache-altered-while-running") == ("finished", None, True)
+    restart()
     assert run("cache-altered") == ("finished", None, True)
     assert cached.read_bytes() == deployed
 
-    # Altered in the database by a role that may (the owner's): a node that has not cached it refuses it.
+    # Altered in the database by a role that may (the owner's): a node that has not cached it refuses it. Jobs some
+    # other node queued fail, saying why; schedule.json (which lists the egg's spiders first) refuses at once.
     query(database_url, "UPDATE project_egg SET egg = egg || '\\x00'::bytea")
     cached.unlink()
+    node.stop()
+    store = JobStore.for_url(database_url)
     for job in ("altered-1", "altered-2"):
-        outcome, reason, ran = run(job)
-        assert (outcome, ran) == ("failed", False), (outcome, reason)
+        store.enqueue("deployed", {"name": "sleeper", "_job": job, "seconds": "0"})
+    node.start()
+    node.wait_ready()
+    for job in ("altered-1", "altered-2"):
+        wait_for(lambda: node.get("status.json", job=job)["currstate"] == "finished", 90, f"{job} to end")
+        [(outcome, reason)] = query(database_url, "SELECT outcome, reason FROM spider_job WHERE job = %s", (job,))
+        assert (outcome, bool(runs_of(tmp_path, job))) == ("failed", False), (outcome, reason)
         assert f"(row id {egg_id}) does not match the sha256 stored at its deploy" in reason, reason
+    answer = node.post("schedule.json", project="deployed", spider="sleeper", jobid="refused")
+    assert answer["status"] == "error" and "does not match the sha256 stored at its deploy" in answer["message"]
     assert not cached.exists()
     log = node.logfile.read_text()
     assert log.count(f"Refused the egg of project deployed version 1 (row id {egg_id})") == 1  # once, not per job

@@ -129,6 +129,7 @@ def test_the_validators_do_fail_on_a_misplaced_field(helm):
     ("node.maxProc=0", "/node/maxProc"),  # the scaling query would divide by 0
     ("node.extraConfig.password=hunter2", "invalid propertyName 'password'"),  # secrets come from Secrets, never values
     ("database.sslmode=verify", "/database/sslmode"),
+    ("userNamespaces=maybe", "/userNamespaces"),
 ])
 def test_values_that_would_render_a_broken_or_leaky_cluster_are_refused(helm, setting, error):
     result = subprocess.run([str(helm), "template", "rel", str(CHART), "--set", setting],
@@ -139,40 +140,116 @@ def test_values_that_would_render_a_broken_or_leaky_cluster_are_refused(helm, se
 # --- the nodes' pods ---------------------------------------------------------------------------------------------
 
 
+SPAWNER_CAPABILITIES = ["CHOWN", "FOWNER", "KILL", "SETGID", "SETUID"]  # the node's spawner's (README, "Security")
+HEALTH = ["python", "-I", "-m", "scrapyd_pgqueue.cli", "health"]  # isolated: root runs it in the working directory
+
+
+def dockerfile() -> dict[str, list[str]]:
+    """The Dockerfile's facts the chart must agree with: its user (useradd), ENTRYPOINT, CMD and HEALTHCHECK."""
+    lines = (REPOSITORY / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+    [useradd] = [shlex.split(line.split("&&")[0].removeprefix("RUN ")) for line in lines if "useradd" in line
+                 and not line.startswith("#")]
+    facts = {line.split(None, 1)[0]: json.loads(line.split(None, 1)[1]) for line in lines
+             if line.startswith(("ENTRYPOINT", "CMD"))}
+    [healthcheck] = [line.split(" CMD ", 1)[1] for line in lines if line.startswith("HEALTHCHECK")]
+    return {**facts, "HEALTHCHECK": json.loads(healthcheck), "user": useradd[-1:],
+            "uid": [useradd[useradd.index("--uid") + 1]], "home": [useradd[useradd.index("--home-dir") + 1]]}
+
+
+def is_node_pod(doc) -> bool:
+    return doc["kind"] == "Deployment" and doc["spec"]["template"]["metadata"]["labels"].get(
+        "app.kubernetes.io/component") == "node"
+
+
 @pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
-def test_no_secret_is_inline_and_nodes_run_unprivileged_on_a_read_only_root(helm, values):
+def test_no_secret_is_inline_and_every_container_runs_with_least_privilege_on_a_read_only_root(helm, values):
+    """Every container: a read-only root file system, no privilege escalation, every capability dropped. The nodes
+    alone run as root adding capabilities, exactly the five of their spawner (each project's crawls under a uid of
+    its own); the nodes' init container (which sets its working directory's mode) runs as root with none; the
+    migrations and PgBouncer run as non-root users with none."""
     docs = render(helm, values)
+    nodes = 0
     for doc in docs:
         if doc["kind"] not in ("Deployment", "Job"):
             continue
         pod = doc["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
-        assert pod["securityContext"]["runAsNonRoot"] is True
-        for container in pod["containers"]:
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "fsGroup" not in pod["securityContext"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
             context = container["securityContext"]
             assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
             assert context["capabilities"]["drop"] == ["ALL"]
+            assert "privileged" not in context
             assert "limits" in container["resources"] and "requests" in container["resources"]
+            as_root = context.get("runAsUser", pod["securityContext"].get("runAsUser")) == 0
+            if is_node_pod(doc) and container in pod["containers"]:
+                nodes += 1
+                assert as_root and context["runAsNonRoot"] is False
+                assert sorted(context["capabilities"]["add"]) == SPAWNER_CAPABILITIES
+            elif is_node_pod(doc):  # the init container
+                assert as_root and "add" not in context["capabilities"]
+            else:
+                assert not as_root and "add" not in context["capabilities"]
+                assert context.get("runAsNonRoot", pod["securityContext"].get("runAsNonRoot")) is True
             for variable in container.get("env", []):
                 value = variable.get("value", "")
                 if re.search(r"password|secret|token", variable["name"], re.I):
                     assert "secretKeyRef" in variable.get("valueFrom", {}), variable
                 if "@" in value:  # a URL with credentials: its password only as a reference to a Secret's
                     assert re.fullmatch(r"postgresql://\w+:\$\(DATABASE_PASSWORD\)@[^@]+", value), value
+    assert nodes >= 1
 
 
-def test_the_node_pod_runs_as_the_image_s_user_with_its_writable_directories(helm):
+def test_the_node_runs_as_root_and_drops_to_the_image_s_user_in_a_working_directory_of_root_s(helm):
+    """The node starts as root (its spawner keeps root to switch users) and drops to node_user, the image's user,
+    which the chart's conf.d names (it hides the image's). Its working directory and /tmp are emptyDirs, which
+    Kubernetes makes mode 0777: an init container makes the working directory root's 0755, as in the image (neither
+    the node's user nor a crawl may add to it), and gives /tmp its sticky bit, before the node starts."""
     docs = render(helm)
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
-    dockerfile = (REPOSITORY / "Dockerfile").read_text()
-    [useradd] = [shlex.split(line) for line in dockerfile.splitlines() if "useradd" in line]
-    assert pod["securityContext"]["runAsUser"] == int(useradd[useradd.index("--uid") + 1])
-    home = useradd[useradd.index("--home-dir") + 1]
-    mounts = {mount["mountPath"]: mount["name"] for mount in pod["containers"][0]["volumeMounts"]}
+    image = dockerfile()
+    [home] = image["home"]
+    [container] = pod["containers"]
+    assert (container["securityContext"]["runAsUser"], pod["securityContext"]["runAsUser"]) == (0, 0)
+    assert chart_conf(docs)["node_user"] == image["user"][0] == "scrapyd"
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
-    for writable in (home, "/tmp"):  # logs/, dbs/ and the eggs' cache are relative to the home
-        assert "emptyDir" in volumes[mounts[writable]], writable
+    for writable in (home, "/tmp"):  # logs/, items/, jobs/, crawls/, dbs/ and the eggs' cache are relative to it
+        assert volumes[mounts[writable]] == {"name": mounts[writable], "emptyDir": {}}, writable
     assert volumes[mounts["/etc/scrapyd/conf.d"]]["configMap"]["name"] == "rel-scrapyd-pgqueue"
+    [init] = pod["initContainers"]
+    assert init["image"] == container["image"]
+    assert {mount["mountPath"]: mount["name"] for mount in init["volumeMounts"]} == {
+        home: mounts[home], "/tmp": mounts["/tmp"]}
+    assert init["command"] == ["sh", "-c", f"chmod 0755 {home} && chmod 1777 /tmp"]
+    # An operator's own node_user wins, and is not written twice (Scrapyd would refuse the file).
+    assert chart_conf(render(helm, None, "node.extraConfig.node_user=1500"))["node_user"] == "1500"
+
+
+@pytest.mark.parametrize("kube_version, settings, in_a_user_namespace", [
+    ("1.33.0", (), True),  # auto: on by default there
+    ("1.32.0", (), False),
+    ("1.29.0", (), False),
+    ("1.29.0", ("userNamespaces=true",), True),
+    ("1.33.0", ("userNamespaces=false",), False),
+])
+def test_node_pods_get_a_user_namespace_where_the_cluster_offers_them(helm, kube_version, settings,
+                                                                      in_a_user_namespace):
+    """hostUsers: false puts the pod's root and the crawls' uids in a user namespace of its own: unprivileged users
+    of the host. auto renders it from Kubernetes 1.33 (user namespaces on by default); valid wherever rendered."""
+    docs = render(helm, CHART / "ci" / "pools-values.yaml", *settings, kube_version=kube_version)
+    pods = 0
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "Job"):
+            pod = doc["spec"]["template"]["spec"]
+            if is_node_pod(doc):
+                pods += 1
+                assert pod.get("hostUsers", "absent") == (False if in_a_user_namespace else "absent")
+            else:  # the migrations run no spider
+                assert "hostUsers" not in pod
+            kubernetes_validate.validate(doc, kube_version, strict=True)
+    assert pods == 2  # both pools
 
 
 @pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
@@ -187,17 +264,19 @@ def test_the_node_runs_under_the_image_s_entry_point(helm):
     """The node's command is the image's CMD, given as args: a command would replace the image's entry point, tini,
     and leave scrapyd PID 1, where it never reaps the orphaned processes of crawls (test_docker.py)."""
     container = node_container(render(helm))
-    exec_forms = {line.split(None, 1)[0]: json.loads(line.split(None, 1)[1])
-                  for line in (REPOSITORY / "Dockerfile").read_text().splitlines() if line.startswith(("ENTRYPOINT", "CMD"))}
+    exec_forms = dockerfile()
     assert exec_forms["ENTRYPOINT"][0] == "tini"
     assert "command" not in container and container["args"] == exec_forms["CMD"]
 
 
-def test_probes_readiness_asks_the_database_and_liveness_never_does(helm):
+def test_probes_readiness_asks_the_database_and_liveness_never_does_both_isolated(helm):
+    """Root runs the probes in the node's working directory: python -I, as the image's HEALTHCHECK, imports nothing
+    from there, from PYTHONPATH or from a user site."""
     container = node_container(render(helm))
-    assert container["readinessProbe"]["exec"]["command"] == ["scrapyd-pgqueue", "health", "--ready"]
-    assert container["livenessProbe"]["exec"]["command"] == ["scrapyd-pgqueue", "health"]
-    assert container["startupProbe"]["exec"]["command"] == ["scrapyd-pgqueue", "health"]
+    assert dockerfile()["HEALTHCHECK"] == HEALTH
+    assert container["readinessProbe"]["exec"]["command"] == [*HEALTH, "--ready"]
+    assert container["livenessProbe"]["exec"]["command"] == HEALTH
+    assert container["startupProbe"]["exec"]["command"] == HEALTH
 
 
 def test_each_node_is_named_after_its_pod_and_found_at_its_pod_address(helm):
@@ -234,6 +313,10 @@ def test_the_migration_hook_runs_grant_as_the_owner_before_install_and_upgrade(h
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     [container] = job["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["scrapyd-pgqueue", "grant", "scrapyd_node"]
+    # It runs no spider: the image's user, unprivileged, whatever the nodes run as.
+    context = {**job["spec"]["template"]["spec"]["securityContext"], **container["securityContext"]}
+    assert (context["runAsNonRoot"], context["runAsUser"]) == (True, int(dockerfile()["uid"][0]))
+    assert context["capabilities"] == {"drop": ["ALL"]}
     env = env_of(container)
     assert env["SCRAPYD_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "owner-url"
     assert env["SCRAPYD_NODE_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "node-password"

@@ -140,7 +140,7 @@ def test_grant_creates_a_node_role_with_exactly_a_node_s_rights_and_a_second_run
     for name in tables:
         # SELECT only on the version table; no UPDATE of an egg or a staged row; no TRUNCATE, REFERENCES or TRIGGER
         # anywhere.
-        rights = {db.VERSION_TABLE: "r", "project_egg": "ard", "spider_job_staging": "ard"}.get(name, "arwd")
+        rights = {db.VERSION_TABLE: "r", "project_egg": "ard", "spider_job_staging": "ard", "project_user": "ar"}.get(name, "arwd")
         assert f"{node}={rights}/" in granted[("relation", name)], (name, granted[("relation", name)])
     assert all(f"{node}=U/" in acl for (kind, name), acl in granted.items() if name.endswith("_seq"))
     assert all(f"{node}=X/" in acl for (kind, _), acl in granted.items() if kind == "function")
@@ -181,7 +181,8 @@ def test_a_cluster_on_the_node_role_runs_jobs_and_its_spiders_cannot_break_out(r
     node1, node2 = cluster.nodes
     for index in range(6):
         (node1 if index % 2 else node2).post("schedule.json", project="example", spider="quotes", jobid=f"q{index}")
-    url_file = tmp_path / "node-url"  # the node's URL, as if the spider had found it: its environment holds none
+    # The node's URL, as if the spider had found it (its environment holds none), where crawls may read (crawl_paths).
+    url_file = tmp_path / "records" / "node-url"
     url_file.write_text(roles["node_url"])
     answer = node1.post("schedule.json", project="intruder", spider="intruder", jobid="intruder",
                         marker=str(marker), other_database=other, url_file=str(url_file))
@@ -392,3 +393,33 @@ def swapped_logs(tmp_path) -> list[dict]:
     """What the log_swap probes put in place of their logs."""
     return [json.loads(line) for line in (tmp_path / "records" / "swapped_logs.jsonl").read_text().splitlines()]
 
+
+
+def test_a_crawl_s_link_in_logs_dir_is_neither_listed_nor_entered(database_url, start_cluster):
+    [node] = start_cluster(database_url, 1).nodes
+    schedule(node, "plain", spider="quotes")
+    wait_for(lambda: jobs(database_url, "plain")["plain"][:2] == ("terminated", "finished"), 60, "the job's finish")
+    logs = node.directory / "logs"
+    assert (node.directory / "scrapyd.conf").is_file() and (logs / "example" / "quotes" / "plain.log").is_file()
+    # What a crawl can make in its own log directory: a link to the node's directory, and a log that links to
+    # one of the node's files.
+    (logs / "example" / "evil").symlink_to(node.directory)
+    (logs / "example" / "quotes" / "evil.log").symlink_to("../../../scrapyd.conf")
+
+    def get(path):
+        return requests.get(f"{node.url}logs/{path}", timeout=30)
+
+    for path in ("", "example/", "example/quotes/"):
+        listing = get(path)
+        assert listing.status_code == 200, (path, listing.status_code)
+        assert "evil" not in listing.text and "scrapyd.conf" not in listing.text, (path, listing.text)
+    assert "plain.log" in get("example/quotes/").text
+    for path in ("example/evil/", "example/evil", "example/evil/scrapyd.conf", "example/evil/logs/",
+                 "example/quotes/evil.log"):
+        refused = get(path)
+        assert refused.status_code == 404, (path, refused.status_code)
+        assert "scrapyd.conf" not in refused.text and "application" not in refused.text, (path, refused.text)
+    served = get("example/quotes/plain.log")
+    assert served.status_code == 200 and served.text == (logs / "example" / "quotes" / "plain.log").read_text()
+    part = requests.get(f"{node.url}logs/example/quotes/plain.log", headers={"Range": "bytes=0-9"}, timeout=30)
+    assert part.status_code == 206 and part.content == served.content[:10]

@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
-from tests.helpers import jobs, query, wait_for
+from tests.helpers import children_of, jobs, query, spawner_pid, wait_for
 
 WARM = {"warm_start": "on"}
 PROJECT = "probed"
@@ -94,17 +95,8 @@ def finished(url, *names, outcome="finished", timeout=60):
 
 
 def warm_processes(node) -> set[int]:
-    """Pids of the node's warm processes (its children running scrapyd_pgqueue.crawl_process.warm_process)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        try:
-            ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
-            command = open(f"/proc/{entry}/cmdline", "rb").read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == node.process.pid and b"scrapyd_pgqueue.crawl_process.warm_process" in command:
-            found.add(int(entry))
-    return found
+    """Pids of the node's warm processes (started by its spawner)."""
+    return set(children_of(spawner_pid(node), b"scrapyd_pgqueue.crawl_process.warm_process"))
 
 
 def warm_up(node, url, records, project=PROJECT, spider="probe"):
@@ -113,7 +105,7 @@ def warm_up(node, url, records, project=PROJECT, spider="probe"):
     node.post("schedule.json", project=project, spider=spider, jobid="warmup")
     finished(url, "warmup")
     if project == PROJECT:
-        assert probe_of(records, "warmup")["ppid"] == node.process.pid
+        assert probe_of(records, "warmup")["ppid"] == spawner_pid(node)  # cold
     wait_for(lambda: f"of project {project} ready" in node.logfile.read_text(), 60, "the warm process to be ready")
 
 
@@ -153,7 +145,7 @@ def test_forked_crawls_see_only_their_own_arguments_settings_environment_and_glo
         assert probe["crawls_here"] == [probe["job"]]  # the first crawl's module global is not the second's
         assert probe["reactor"] == reactors[value]
     # Forked from one warm process, which is not the node; their real pids are on the rows.
-    assert first["ppid"] == second["ppid"] != node.process.pid
+    assert first["ppid"] == second["ppid"] != spawner_pid(node)
     pids = "SELECT pid FROM spider_job WHERE job = ANY(%s) ORDER BY id"
     assert [pid for (pid,) in query(database_url, pids, (["job-alpha", "job-bravo"],))] == [first["pid"], second["pid"]]
     # Each crawl's log holds its own lines, and only those.
@@ -213,7 +205,7 @@ def test_a_project_whose_import_would_be_unsafe_to_fork_is_spawned_cold(
     for job in ("cold1", "cold2"):
         node.post("schedule.json", project=PROJECT, spider="probe", jobid=job)
         finished(database_url, job)
-        assert probe_of(records, job)["ppid"] == node.process.pid  # spawned by the node itself
+        assert probe_of(records, job)["ppid"] == spawner_pid(node)  # spawned cold by the node's spawner
     reason = f"Project {PROJECT} is spawned cold: {why}"
     wait_for(lambda: node.logfile.read_text().count(reason), 30, "the reason in the log")
     assert node.logfile.read_text().count(reason) == 1
@@ -247,3 +239,35 @@ def test_the_least_recently_used_warm_process_is_retired_and_an_idle_one_exits(
                          "the least recently used warm process to exit")
     assert example != probed
     wait_for(lambda: not warm_processes(node), 30, "the idle warm process to exit")
+
+
+def test_an_egg_swapped_in_the_node_s_cache_while_crawls_start_never_runs(
+        database_url, start_cluster, probe_egg, records, tmp_path):
+    """A crawl could write the node's egg cache (one user); one rewrote every cached egg every few milliseconds so that
+    its code ran as another project's crawl. The node checks an egg's bytes and hands the crawl those very bytes,
+    sealed in memory: whatever the cache holds meanwhile, every crawl, cold or forked, runs the deployed version."""
+    hostile = build_egg(tmp_path, version="hostile")
+    (node,) = start_cluster(database_url, 1, **WARM).nodes
+    deploy(node, probe_egg)
+    cache = node.directory / "eggs" / "pgqueue"
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            for path in cache.glob("*.egg"):
+                path.write_bytes(hostile)
+            time.sleep(0.003)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    try:
+        warm_up(node, database_url, records)
+        names = [f"during-swap-{n}" for n in range(4)]
+        for name in names:
+            node.post("schedule.json", project=PROJECT, spider="probe", jobid=name)
+        finished(database_url, *names)
+    finally:
+        stop.set()
+        swapper.join()
+    assert {probe["version"] for probe in probes(records)} == {"1"}
+    assert len(probes(records)) == 5

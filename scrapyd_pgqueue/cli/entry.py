@@ -90,6 +90,8 @@ def run_cluster(args: argparse.Namespace) -> int:
             url = server.url
         config = {"max_proc": str(args.max_proc), "poll_interval": str(args.poll_interval)}
         cluster = LocalCluster(url, args.nodes, directory=args.directory, config=config)
+        if cluster.crawls_as_root:
+            print(f"Warning: {cluster.crawls_as_root}", file=sys.stderr, flush=True)
         db.get_engine(url)  # migrate once, and fail early with a clear message
         cluster.start()
         print(f"Database: {db.describe(url)}{' (throwaway)' if server else ''}")

@@ -2,12 +2,13 @@
 
 Every node lists the same projects and versions. A crawl opens no database connection to start: before spawning
 it, the node (a long-lived process) finds the egg the job runs, keeps it as a file in ``eggs_dir`` keyed by the
-egg's row id (a redeployed version gets a new id, so a cached file is never stale), and hands the crawl its path
-in ``SCRAPYD_PGQUEUE_EGG`` (empty: the project has no egg, it is baked in). When eggs are deleted or replaced, each
-node deletes the cached files of ids no longer in the database (``prune_cache``). Before a crawl gets an egg, cached
-or fetched, its bytes are checked against the sha256 stored with it at deploy: an egg altered in the database is
-refused (``EggRefused``: the job fails, and the node says so once per egg), a cached file altered on disk is fetched
-again. The crawl subprocess
+egg's row id (a redeployed version gets a new id, so a cached file is never stale), and hands the crawl a sealed
+memory file of it (``SealedEgg``; ``SCRAPYD_PGQUEUE_EGG`` names its ``/proc/self/fd`` path, empty when the project
+has no egg, it is baked in). Before a crawl gets an egg, cached or fetched, the very bytes sealed into that memory
+file are checked against the sha256 stored with it at deploy: an egg altered in the database is refused
+(``EggRefused``: the job fails, and the node says so once per egg), a cached file altered on disk is fetched again,
+and nothing can be swapped between the check and the crawl's import. When eggs are deleted or replaced, each node
+deletes the cached files and memory files of ids no longer in the database (``prune_cache``). The crawl subprocess
 (``scrapyd.runner``) imports this module before Scrapy picks its reactor: nothing here may import
 ``twisted.internet.reactor`` (or ``scrapyd.launcher``), and the store (SQLAlchemy) is imported only when used.
 Other nodes learn about a change from a NOTIFY (see ``node/events.py``).
@@ -16,11 +17,14 @@ Other nodes learn about a change from a NOTIFY (see ``node/events.py``).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import os
 import tempfile
+import threading
 from io import BytesIO
+from typing import NamedTuple
 
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -44,16 +48,34 @@ def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _file_sha256(path: str) -> bytes | None:
-    """The file's sha256, None when there is no such file."""
-    digest = hashlib.sha256()
+def _read_file(path: str) -> bytes | None:
+    """The file's bytes, None when there is no such file."""
     try:
         with open(path, "rb") as file:
-            while chunk := file.read(1 << 20):  # hashlib.file_digest is Python 3.11's
-                digest.update(chunk)
+            return file.read()
     except FileNotFoundError:
         return None
-    return digest.digest()
+
+
+class SealedEgg(NamedTuple):
+    """An egg as a crawl gets it: a memory file sealed against every change, and its sha256 (hex)."""
+
+    fd: int  # the caller's own descriptor, to close
+    digest: str
+
+
+def _seal(egg: bytes, digest: str) -> SealedEgg:
+    fd = os.memfd_create("egg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, egg)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    os.fchmod(fd, 0o444)
+    return SealedEgg(fd, digest)
+
+
+# This process's sealed eggs, by row id: each is read and checked once, and handed to its crawls as a copy of the
+# descriptor.
+_sealed: dict[int, SealedEgg] = {}
+_sealing = threading.Lock()
 
 
 def check_egg(project: str, version: str, stored, egg: bytes) -> None:
@@ -116,47 +138,62 @@ class PostgresEggStorage:
         check_egg(project, version, stored, stored.egg)
         return version, BytesIO(stored.egg)
 
-    def egg_file(self, project: str, version: str | None = None) -> str:
-        """Node side, off the reactor: the path of the egg a job of ``project`` runs (the newest version unless
-        pinned), fetched into the cache when not there yet; '' when the project has no such egg. Raises
+    def sealed_egg(self, project: str, version: str | None = None) -> SealedEgg | None:
+        """Node side, off the reactor: the egg a job of ``project`` runs (the newest version unless pinned), checked
+        and sealed, fetched into the cache when not there yet; None when the project has no such egg. Raises
         ``EggRefused`` when the database's egg does not match its sha256."""
         store = self.store
         ids = store.egg_ids(project)  # version -> egg id and sha256: one small query, no egg
         if version is None:
             version = sorted_versions(ids)[-1] if ids else None
         if version not in ids:
-            return ""
+            return None
         stored = ids[version]
-        path = os.path.join(self.cache_dir, f"{stored.id}.egg")
-        cached = _file_sha256(path)
-        if cached is None or not hmac.compare_digest(cached, stored.sha256):
-            if cached is not None:  # a crawl runs as this node's user, and could write the cache
-                log.warn("The cached egg {path} did not match its sha256: fetched again", path=path)
-            egg = store.egg_by_id(stored.id)
-            if egg is None:  # deleted meanwhile
-                return ""
-            check_egg(project, version, stored, egg)
-            os.makedirs(self.cache_dir, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.cache_dir, suffix=".part", delete=False) as part:
-                part.write(egg)
-            os.replace(part.name, path)  # whole or absent: a crawl never reads half an egg
-        return path
+        with _sealing:
+            sealed = _sealed.get(stored.id)
+            if sealed is None:
+                egg = self._checked_egg(store, project, version, stored)
+                if egg is None:  # deleted meanwhile
+                    return None
+                sealed = _sealed[stored.id] = _seal(egg, stored.sha256.hex())
+            return SealedEgg(os.dup(sealed.fd), sealed.digest)
 
-    def prune_cache(self, in_use=frozenset()) -> list[str]:
+    def _checked_egg(self, store, project: str, version: str, stored) -> bytes | None:
+        """The egg's bytes from the cache, else from the database into the cache; checked against its sha256."""
+        path = os.path.join(self.cache_dir, f"{stored.id}.egg")
+        egg = _read_file(path)
+        if egg is not None and hmac.compare_digest(_sha256(egg), stored.sha256):
+            return egg
+        if egg is not None:
+            log.warn("The cached egg {path} did not match its sha256: fetched again", path=path)
+        egg = store.egg_by_id(stored.id)
+        if egg is None:
+            return None
+        check_egg(project, version, stored, egg)
+        os.makedirs(self.cache_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.cache_dir, suffix=".part", delete=False) as part:
+            part.write(egg)
+        os.replace(part.name, path)  # whole or absent
+        return egg
+
+    def prune_cache(self) -> list[str]:
         """Node side, off the reactor: delete the cached eggs no longer in the database (a deleted version or
-        project, a version deployed again under a new id), except the files in ``in_use`` (this node's crawls that
-        may not have opened theirs yet); return the deleted files' names."""
+        project, a version deployed again under a new id), files and sealed copies; return the deleted files' names
+        (crawls hold copies of the descriptors they run)."""
+        kept_ids = set(self.store.all_egg_ids())
+        with _sealing:
+            for egg_id in [egg_id for egg_id in _sealed if egg_id not in kept_ids]:
+                os.close(_sealed.pop(egg_id).fd)
         try:
             cached = [name for name in os.listdir(self.cache_dir) if name.endswith(".egg")]
         except FileNotFoundError:
             return []
-        kept = {f"{egg_id}.egg" for egg_id in self.store.all_egg_ids()}
+        kept = {f"{egg_id}.egg" for egg_id in kept_ids}
         deleted = []
         for name in cached:
-            path = os.path.join(self.cache_dir, name)
-            if name not in kept and path not in in_use:
+            if name not in kept:
                 with contextlib.suppress(FileNotFoundError):  # another pruner of a shared eggs_dir was first
-                    os.remove(path)
+                    os.remove(os.path.join(self.cache_dir, name))
                     deleted.append(name)
         return deleted
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import sys
+import uuid
 
 from twisted.application.internet import TimerService
 from twisted.internet import defer, error, reactor, task, threads
@@ -40,6 +40,7 @@ from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IClaimingPoller, IEggFiles
+from scrapyd_pgqueue.crawl_process import launch
 from scrapyd_pgqueue.crawl_process.crawl_node import JOB_VARIABLE
 from scrapyd_pgqueue.crawl_process.job_stats import INTERVAL_VARIABLE, STATS_FD
 from scrapyd_pgqueue.store.statuses import FAILED, PENDING
@@ -49,6 +50,7 @@ from scrapyd_pgqueue.node.crawl_keys import crawl_environment, node_secrets
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 from scrapyd_pgqueue.node.crawls import NodeCrawls, PostgresProcessProtocol
 from scrapyd_pgqueue.node.events import ClusterEvents
+from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.node.watchdog import Watchdog
@@ -90,7 +92,8 @@ class PostgresLauncher(Launcher):
         self.crawl_api = CrawlApi(settings, self.store, settings.node_name)
         self.warm = None
         if settings.warm_start:
-            self.warm = WarmStarts(settings.warm_processes, settings.warm_idle_timeout, self._spawn_cold, self.secrets)
+            self.warm = WarmStarts(settings, self._spawn_cold, self.secrets)
+            self.warm.project_directories = lambda project: app.getComponent(IEnvironment).project_directories(project)
         # Cancel requests and egg changes from other nodes; the poller and scheduler rebuild their queues on the latter.
         self.events = ClusterEvents(settings, self.crawls, (self.poller, app.getComponent(ISpiderScheduler)),
                                     warm=self.warm, egg_files=self.egg_files)
@@ -244,13 +247,23 @@ class PostgresLauncher(Launcher):
             if claimed is not None:
                 self.unstarted.append(claimed)
             return
-        # The node fetches the egg (from its cache when current), so the crawl opens no database connection.
-        if self.egg_files is None:
-            return self._spawn_crawl(None, message, slot, claimed)
-        threads.deferToThread(self.egg_files.egg_file, message["_project"], message.get("_version")).addCallbacks(
+        # The node fetches the egg (from its cache when current) and the project's uid, so the crawl opens no
+        # database connection.
+        threads.deferToThread(self._crawl_inputs, message["_project"], message.get("_version")).addCallbacks(
             self._spawn_crawl, self._egg_not_fetched, callbackArgs=(message, slot, claimed),
             errbackArgs=(message, slot, claimed),
         )
+
+    def _crawl_inputs(self, project: str, version: str | None) -> tuple:
+        """Thread: the egg the crawl runs (a ``SealedEgg``, None: no egg, the project is baked in) and the uid it runs
+        as (None: the node's)."""
+        egg = None if self.egg_files is None else self.egg_files.sealed_egg(project, version)
+        try:
+            return egg, spawning.crawl_uid(project)
+        except BaseException:
+            if egg is not None:
+                os.close(egg.fd)
+            raise
 
     def _egg_not_fetched(self, failure, message, slot, claimed):
         """A crawl cannot fetch its egg itself (it holds no database URL): a job whose egg the database could not give
@@ -269,7 +282,15 @@ class PostgresLauncher(Launcher):
             return
         self._spawn_crawl(failure, message, slot, claimed)  # recorded as a crawl that could not start
 
-    def _spawn_crawl(self, egg, message, slot, claimed):
+    def _spawn_crawl(self, inputs, message, slot, claimed):
+        egg, uid = (None, None) if isinstance(inputs, Failure) else inputs
+        try:
+            self._start_crawl(inputs, egg, uid, message, slot, claimed)
+        finally:
+            if egg is not None:
+                os.close(egg.fd)  # the spawner or the warm process holds its own copy
+
+    def _start_crawl(self, inputs, egg, uid, message, slot, claimed):
         if self.crawls.stopping:  # the stop began while the egg was fetched
             if claimed is not None:
                 self.unstarted.append(claimed)
@@ -280,10 +301,10 @@ class PostgresLauncher(Launcher):
         process.on_started = self.crawl_started
         process.crawl_stats = CrawlStats(project, message["_spider"])
         try:
-            if isinstance(egg, Failure):
-                if egg.check(EggRefused):
-                    raise egg.value
-                raise EggNotKept(f"could not fetch the egg of project {project}: {egg.getErrorMessage()}")
+            if isinstance(inputs, Failure):
+                if inputs.check(EggRefused):
+                    raise inputs.value
+                raise EggNotKept(f"could not fetch the egg of project {project}: {inputs.getErrorMessage()}")
             environment = self.app.getComponent(IEnvironment)
             message.setdefault("settings", {})
             message["settings"].update(environment.get_settings(message))
@@ -291,20 +312,22 @@ class PostgresLauncher(Launcher):
             env[pgconfig.NODE_NAME_VARIABLE] = self.settings.node_name
             env[JOB_VARIABLE] = message["_job"]
             env[INTERVAL_VARIABLE] = f"{self.settings.stats_interval:g}"  # the crawl's stats (job_stats.py)
-            if egg is not None:
-                env[EGG_FILE_VARIABLE] = egg
+            env[EGG_FILE_VARIABLE] = launch.EGG_PATH if egg is not None else ""
+            env[launch.LAUNCH_VARIABLE] = str(launch.LAUNCH_FD)
             process.env = crawl_environment(env, self.secrets)
-            # Crawl trees (scrapyd_pgqueue.crawl): the node's endpoint and this crawl's token, which dies with it.
-            process.env.update(self.crawl_api.admit(project, message["_job"], claimed))
-            process.args = [sys.executable, "-m", self.runner, "crawl", *get_crawl_args(message)]
+            # Its arguments and its token (crawl trees: the node's endpoint) go in its launch, never its command line.
+            process.token = self.crawl_api.admit(project, message["_job"], claimed)
+            process.args = [*spawning.PYTHON, "-m", self.runner, "crawl"]
+            process.launch = self._launch(process, environment, message)
+            process.uid = uid
             process.deferred.addBoth(self._process_finished, slot)
             if self.warm is None:
-                self._spawn_cold(process)
+                self._spawn_cold(process, egg)
             else:
-                self.warm.spawn(process, project, egg)  # warm or cold; its start is recorded either way
-        except Exception as e:  # noqa: BLE001 - e.g. "Argument list too long", "embedded null byte"
+                self.warm.spawn(process, egg, ours=self.egg_files is not None)  # warm or cold: recorded either way
+        except Exception as e:  # noqa: BLE001 - e.g. a job id that is no file name, a spawner gone
             log.error("Could not start job {job}: {error}", job=message["_job"], error=e)
-            self.crawl_api.forget(process.env)
+            self.crawl_api.forget(getattr(process, "token", None))
             process.end_time = datetime.datetime.now()
             process.outcome, process.reason = FAILED, f"could not start the crawl: {type(e).__name__}: {e}"
             self.crawls.record(process)
@@ -313,13 +336,34 @@ class PostgresLauncher(Launcher):
         self.processes[slot] = process
         metrics.crawl_started(claimed)
 
-    def _spawn_cold(self, process):
-        """As Scrapyd spawns a crawl: a new Python running the runner."""
-        reactor.spawnProcess(process, sys.executable, args=process.args, env=process.env,
-                             childFDs={0: "w", 1: "r", 2: "r", STATS_FD: "r"})
+    def _launch(self, process, environment, message) -> dict:
+        """What the crawl is told at its start (``crawl_process/launch.py``)."""
+        directories = environment.crawl_directories(message)
+        return {
+            launch.ARGS: get_crawl_args(message), launch.NODE: self.crawl_api.address, launch.TOKEN: process.token,
+            launch.DIRECTORIES: directories, launch.LANDLOCK: spawning.boundary().landlock,
+            launch.WRITABLE: [*directories, *self.settings.crawl_paths, os.devnull],
+        }
+
+    def _spawn_cold(self, process, egg):
+        """A new Python running the runner, started by the node's spawner."""
+        ours, theirs = spawning.pipes((1, 2, STATS_FD))
+        child = spawning.RelayedProcess(process, ours)
+        launch_fd = spawning.launch_file(process.launch)
+        fds = {**theirs, launch.LAUNCH_FD: launch_fd, **({launch.EGG_FD: egg.fd} if egg is not None else {})}
+        try:
+            spawning.node_spawner().start(child, process.args, process.env, process.project, process.uid,
+                                          uuid.uuid4().hex, fds)
+        except OSError:
+            child.close_pipes()
+            raise
+        finally:
+            spawning.close_all([*theirs.values(), launch_fd])
 
     def crawl_started(self, process):
-        """The crawl's pid is known (at once when spawned, once forked when warm): record it on the row."""
+        """The crawl's pid is known (once started by the spawner or forked when warm): its token is its process's
+        alone, and the row records it."""
+        self.crawl_api.started(process.token, process.pid)
         if process.claimed is not None:
             threads.deferToThread(
                 self.store.mark_started, process.claimed, worker=pgconfig.WORKER_ID, pid=process.pid,
@@ -332,7 +376,7 @@ class PostgresLauncher(Launcher):
     def _process_finished(self, _, slot):
         process = self.processes.pop(slot)
         process.end_time = datetime.datetime.now()
-        self.crawl_api.forget(process.env)
+        self.crawl_api.forget(process.token)
         if (process.lease_lost or process.warm_parent_died or process.start_timed_out) and process.claimed is not None:
             self.lease_lost_claims.append(process.claimed)
         elif not process.handed_back:

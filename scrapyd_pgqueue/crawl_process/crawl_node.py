@@ -1,7 +1,9 @@
 """The crawl's side of its node's endpoint (``node/crawl_api.py``): what ``scrapyd_pgqueue.crawl`` sends, and how.
 
 A crawl holds no database URL. Its node gives it the endpoint's address and a token of the crawl's own job in its
-environment; each schedule is one ``POST /schedule`` over the node's Unix socket, answered in Scrapyd's JSON form.
+launch (``launch.py``, never the environment: its children would show it); the node also checks that the caller is
+the crawl's own process. Each schedule is one ``POST /schedule`` over the node's Unix socket, answered in Scrapyd's
+JSON form.
 Only the standard library, imported at the first schedule: no SQLAlchemy, no driver, no reactor.
 """
 
@@ -19,10 +21,6 @@ JOB_VARIABLE = "SCRAPY_JOB"
 PROJECT_VARIABLE = "SCRAPY_PROJECT"
 # The egg version the crawl runs, when its job was pinned to one (Scrapyd sets it): children run the same.
 VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
-# Set by the node's launcher in every crawl's environment (never logged): where its node listens, and the crawl's
-# own token (its job's scope, valid while the crawl runs).
-NODE_ADDRESS_VARIABLE = "SCRAPYD_PGQUEUE_NODE_ADDRESS"
-TOKEN_VARIABLE = "SCRAPYD_PGQUEUE_CRAWL_TOKEN"
 # The endpoint's protocol, written here once: the node's half (``node/crawl_api.py``) imports it. The address is
 # "unix:<path>" or "tcp:<host>:<port>"; the request is a POST to SCHEDULE_PATH with the token as a bearer token and
 # {JOBS: [job, ...]}; the answer {JOBS: [{JOB: id, EXISTING: bool}, ...]}, or INDEX: the job refused.
@@ -181,16 +179,21 @@ def _ask_node(address: str, token: str, body: dict) -> tuple[int, dict]:
 
 _schedulers: dict[str, Scheduler] = {}
 _lock = threading.Lock()
+_node: tuple[str | None, str | None] = (None, None)  # the endpoint's address and this crawl's token
+
+
+def set_node(address: str | None, token: str | None) -> None:
+    """This crawl's way to its node, from its launch (``launch.enter``)."""
+    global _node
+    _node = (address, token)
 
 
 def scheduler(parent: str | None) -> Scheduler:
     """The crawl's scheduler: its node decides the project (the crawl's own, as its tree is)."""
     parent = parent or os.environ.get(JOB_VARIABLE)
-    address = os.environ.get(NODE_ADDRESS_VARIABLE)
-    token = os.environ.get(TOKEN_VARIABLE)
-    missing = [what for what, value in (("parent job (SCRAPY_JOB)", parent),
-                                        (f"node ({NODE_ADDRESS_VARIABLE})", address),
-                                        (f"crawl token ({TOKEN_VARIABLE})", token)) if not value]
+    address, token = _node
+    missing = [what for what, value in (("parent job (SCRAPY_JOB)", parent), ("node's address", address),
+                                        ("crawl token", token)) if not value]
     if missing:
         raise NotInACrawlError(
             f"cannot schedule follow-up jobs: no {', '.join(missing)}; run the crawl through a node of the cluster"

@@ -5,14 +5,17 @@ environment; FD is its end of a SOCK_SEQPACKET socket pair. It activates the egg
 the spider modules and Scrapy's default components, checks that the project left no reactor, thread or socket
 behind (a fork would share them), freezes the heap (``gc.freeze``: copy-on-write pages stay shared) and serves:
 
-* node -> here: ``{"crawl": n, "args": [...], "env": {...}}`` with the crawl's stdout, stderr and stats pipes
-  attached (SCM_RIGHTS); an end of stream asks it to exit once its crawls have ended;
+* node -> here: ``{"crawl": n, "args": [...], "env": {...}, "launch": {...}, "scratch": path}`` with the crawl's
+  stdout, stderr and stats pipes attached (SCM_RIGHTS); ``{"signal": n, "number": s}`` (the node may run as another
+  user than this process); an end of stream asks it to exit once its crawls have ended;
 * here -> node: ``{"ready": pid}`` or ``{"cold": reason}`` (then it exits), ``{"crawl": n, "pid": p}`` once
   forked, ``{"crawl": n, "status": s}`` (``waitpid``'s status) once the crawl ended.
 
 Each crawl is a fork of the same pristine process, so what one crawl changes no other sees. The child resets
-what a fresh ``python -m scrapyd_pgqueue.runner crawl ...`` would have fresh (environment, signals, stdio,
-``sys.argv``, random state) and dies with its warm process (PR_SET_PDEATHSIG). No reactor import here: Scrapy
+what a fresh ``python -m scrapyd_pgqueue.runner crawl`` would have fresh (environment, signals, stdio, ``sys.argv``,
+random state), enters its own directory and its launch (``launch.py``: its arguments, token, directories and a
+narrower Landlock domain), and dies with its warm process (PR_SET_PDEATHSIG). This process restricts itself with
+Landlock, to its project's directories, before it imports any of the project's code. No reactor import here: Scrapy
 installs the one the spider's settings name, in the child.
 """
 
@@ -25,10 +28,12 @@ import json
 import os
 import random
 import selectors
+import shutil
 import signal
 import socket
 import sys
 
+from scrapyd_pgqueue.crawl_process import launch
 from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE
 from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER, STATS_FD
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
@@ -38,8 +43,8 @@ PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 4 * 1024 * 1024  # a crawl's arguments and environment; the node checks the size it sends
 CONTROL_FD = 3  # this process's end of its socket pair, as the node spawns it (and names it in argv)
 CRAWL_FDS = 3  # the descriptors sent with a crawl request: its stdout, stderr and stats pipes, in that order
-NODE_PID_VARIABLE = "SCRAPYD_PGQUEUE_NODE_PID"  # the node, whose death ends this process (its parent may not be)
-CRAWL, ARGS, ENV = "crawl", "args", "env"  # the keys of a message node -> here
+CRAWL, ARGS, ENV, LAUNCH, SCRATCH = "crawl", "args", "env", "launch", "scratch"  # the keys of a crawl request
+SIGNAL, NUMBER = "signal", "number"  # the keys of a signal request
 READY, COLD, PID, STATUS = "ready", "cold", "pid", "status"  # the keys of the messages here -> node
 # Modules every crawl imports after its start; imported here, they cost a crawl nothing.
 CRAWL_MODULES = (
@@ -68,6 +73,7 @@ def import_project(project: str) -> None:
     from scrapyd_pgqueue.one_line_config import OneLineConfig
 
     scrapyd_runner.Config = OneLineConfig
+    scrapyd_runner.activate_egg = launch.activate_egg
     stats_extension.install()  # as the runner does for a cold crawl
     scrapyd_runner.project_environment(project).__enter__()  # the egg stays active for every crawl
     from scrapy.spiderloader import get_spider_loader
@@ -121,7 +127,8 @@ class WarmProcess:
     def __init__(self, control: socket.socket):
         self.control = control
         self.selector = selectors.DefaultSelector()
-        self.crawls: dict[int, tuple[int, int]] = {}  # pidfd -> (crawl number, pid)
+        self.crawls: dict[int, tuple[int, int, str]] = {}  # pidfd -> (crawl number, pid, its directory)
+        self.pids: dict[int, int] = {}  # crawl number -> pid, until reaped
         self.closing = False
         # argv[0] of each crawl, as a cold crawl of the runner has it (its module is not imported here).
         self.runner_file = importlib.util.find_spec(REPORTING_RUNNER).origin
@@ -145,21 +152,28 @@ class WarmProcess:
             self.closing = True
             return
         request = json.loads(data)
+        if SIGNAL in request:
+            if request[SIGNAL] in self.pids:  # not reaped yet: the pid is still this crawl's
+                os.kill(self.pids[request[SIGNAL]], request[NUMBER])
+            return
         pid = os.fork()
         if pid == 0:
             self.run_crawl(request, fds)  # never returns
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
-        self.crawls[pidfd] = (request[CRAWL], pid)
+        self.crawls[pidfd] = (request[CRAWL], pid, request[SCRATCH])
+        self.pids[request[CRAWL]] = pid
         self.selector.register(pidfd, selectors.EVENT_READ)
         self.send({CRAWL: request[CRAWL], PID: pid})
 
     def reap(self, pidfd: int) -> None:
-        number, pid = self.crawls.pop(pidfd)
+        number, pid, scratch = self.crawls.pop(pidfd)
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
+        del self.pids[number]
+        shutil.rmtree(scratch, ignore_errors=True)  # the crawl's own directory goes with it
         self.send({CRAWL: number, STATUS: status})
 
     def run_crawl(self, request: dict, fds: list[int]) -> None:
@@ -183,12 +197,20 @@ class WarmProcess:
             settings_module = os.environ.get("SCRAPY_SETTINGS_MODULE")
             os.environ.clear()
             os.environ.update(request[ENV])
+            os.environ.pop(launch.LAUNCH_VARIABLE, None)  # its launch came with the request
             if settings_module is not None:
                 os.environ.setdefault("SCRAPY_SETTINGS_MODULE", settings_module)  # as the egg's activation does
-            sys.argv = [self.runner_file, *request[ARGS][3:]]
+            launch.enter_scratch(request[SCRATCH])
+            sys.argv = [self.runner_file, *request[ARGS]]
+            launch.enter(request[LAUNCH])
             random.seed()
             gc.enable()
             code = self.execute()
+        except BaseException:  # noqa: BLE001 - its setup failed: said on its stderr, the crawl's log
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
         finally:
             os._exit(code)  # the warm process's atexit handlers and buffers are not this crawl's
 
@@ -217,11 +239,12 @@ class WarmProcess:
 
 
 def main() -> None:
-    make_not_dumpable()  # its forks inherit it: other crawls of the same user cannot read a crawl's token
+    make_not_dumpable()  # its forks inherit it: other crawls of the same user cannot read a crawl's memory
     control = socket.socket(fileno=int(sys.argv[1]))
     warm = WarmProcess(control)
     warm.parent_pid = os.getpid()
-    die_with_parent(int(os.environ.pop(NODE_PID_VARIABLE, os.getppid())))
+    die_with_parent(os.getppid())  # the node's spawner, which leaves with the node
+    launch.enter(launch.read_launch())  # its Landlock domain, before the project's code
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the crawls; they outlive no node anyway
     gc.disable()
     try:

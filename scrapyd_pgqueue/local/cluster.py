@@ -24,6 +24,7 @@ from pathlib import Path
 
 from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE, NODE_NAME_VARIABLE
 from scrapyd_pgqueue.local.devdb import free_port
+from scrapyd_pgqueue.node.spawner import crawl_code_paths, unreachable_by_others
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 NODE_CONFIG = REPOSITORY / "scrapyd.cfg"
@@ -76,7 +77,11 @@ class ScrapydNode:
         (self.directory / ".scrapy.cfg").unlink(missing_ok=True)
         (self.directory / ".scrapy.cfg").symlink_to("scrapyd.conf")
         # Per-node overrides in ~/.scrapyd.conf, which Scrapyd reads after ./scrapyd.conf.
-        overrides = "".join(f"{key} = {value}\n" for key, value in self.config.items())
+        config = dict(self.config)
+        if "EXAMPLE_RECORD_DIR" in self.extra_env and "crawl_paths" not in config:
+            config["crawl_paths"] = self.extra_env["EXAMPLE_RECORD_DIR"]  # the example spiders' records (Landlock)
+            Path(config["crawl_paths"]).mkdir(parents=True, exist_ok=True)  # a path Landlock is given must exist
+        overrides = "".join(f"{key} = {value}\n" for key, value in config.items())
         (self.directory / ".scrapyd.conf").write_text(f"[scrapyd]\n{overrides}")
 
     def start(self) -> None:
@@ -206,6 +211,8 @@ class LocalCluster:
         """``base_config``: the nodes' ./scrapyd.conf (default: the repository's scrapyd.cfg); ``node_config``:
         options of single nodes by name, over ``config``."""
         self.directory = Path(directory or tempfile.mkdtemp(prefix="scrapyd-pgqueue-cluster-"))
+        config = dict(config or {})
+        self.crawls_as_root = self._crawl_users(config)
         self.nodes = [
             ScrapydNode(
                 name, self.directory / name, database_url, {**(config or {}), **(node_config or {}).get(name, {})},
@@ -213,6 +220,22 @@ class LocalCluster:
             )
             for name in (f"{name_prefix}{i}" for i in range(1, nodes + 1))
         ]
+
+    def _crawl_users(self, config: dict) -> str:
+        """Nodes started by root run each project's crawls under a uid of its own (crawl_users), which needs the
+        nodes' directory and this Python readable by other users. Where Python is not (a private home's), a local
+        cluster still runs, its crawls as root: the warning that says so, '' when none."""
+        if os.geteuid() != 0 or config.get("crawl_users", "on") == "off":
+            return ""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.chmod(0o711)  # the nodes, run as another user, pass through; nobody lists it
+        unreachable = unreachable_by_others(crawl_code_paths())
+        if not unreachable:
+            return ""
+        config["crawl_users"] = "off"
+        return (f"crawls run as root, in one trust domain: the users crawls would run as cannot reach "
+                f"{', '.join(unreachable)} (crawl_users = off). Install Python where every user may read it for a "
+                "user per project.")
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
         for node in self.nodes:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Index,
+    Integer,
     LargeBinary,
     Text,
     UniqueConstraint,
@@ -184,6 +185,16 @@ class ProjectEgg(Base):
     created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
 
     __table_args__ = (UniqueConstraint("project", "version", name="project_egg_project_version_key"),)
+
+
+class ProjectUser(Base):
+    """A project's own uid for its crawls (migration 0017), assigned at its first crawl on any node."""
+
+    __tablename__ = "project_user"
+
+    project: Mapped[str] = mapped_column(Text, primary_key=True)
+    uid: Mapped[int] = mapped_column(Integer, unique=True)
+    created_time: Mapped[datetime.datetime] = mapped_column(DateTime(timezone=True), server_default=text("now()"))
 
 
 class JobLog(Base):

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
+from scrapyd_pgqueue.node.spawner import ISOLATED
 from scrapyd_pgqueue.store import DuplicateJobError, Enqueued, InvalidJobError, db, waits
 from scrapyd_pgqueue.store.db import DatabaseError, Engine, describe
 
@@ -133,7 +134,8 @@ class CopyWriter:
         if self._process is not None and self._process.poll() is None:
             return self._process
         try:
-            process = subprocess.Popen([sys.executable, "-m", "scrapyd_pgqueue.node.copy_helper"], env=self.environment,
+            process = subprocess.Popen([sys.executable, *ISOLATED, "-m", "scrapyd_pgqueue.node.copy_helper"],
+                                       env=self.environment,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         except OSError:
             return None

@@ -1,16 +1,18 @@
 """What a crawl may ask, it asks its node: the node's endpoint for ``scrapyd_pgqueue.crawl``.
 
 A crawl holds no database URL. To schedule the children of its tree it POSTs them to the node that runs it, on a
-Unix socket (mode 0600, in a directory of the node's own under its working directory), with a token of its own job:
-``secrets.token_urlsafe(32)``, given to the crawl in its environment, known to the node for as long as the crawl
-runs and forgotten when its process ends. The node decides the scope: the project is always the token's, and each
+Unix socket in a directory of the node's own under its working directory, with a token of its own job:
+``secrets.token_urlsafe(32)``, given to the crawl in its launch (never its environment), known to the node for as
+long as the crawl runs and forgotten when its process ends. Crawls may run under other users than the node's, so
+any local process may connect; a request is taken only with a running crawl's token from that crawl's own process
+(the socket's peer, ``SO_PEERCRED``): a token read from another process is worth nothing. The node decides the scope: the project is always the token's, and each
 job's ``parent`` is the crawl's own job or a job of the crawl's tree; anything else is refused. Each job passes
 ``schedule_batch.json``'s checks (``job_requests.job_from_json``, the node's ``default_retries``) and the batch is
 stored all or none by the store's ``enqueue_many`` (its tree cap ``tree_max_jobs``), off the reactor.
 
 ``POST /schedule`` with ``Authorization: Bearer <token>`` and ``{"jobs": [job, ...]}`` answers, in Scrapyd's JSON
 form, 200 ``{"jobs": [{"job": id, "existing": bool}, ...]}``; 400 a refused batch (``index``: the job refused by
-its own checks); 401 a token no running crawl of this node holds; 403 a parent outside the crawl's tree; 503 the
+its own checks); 401 a token no running crawl of this node holds, or sent by another process than its crawl's; 403 a parent outside the crawl's tree; 503 the
 database did not answer in ``database_timeout``.
 """
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import dataclass
+import socket
+import struct
+from dataclasses import dataclass, field
 
 from twisted.internet import reactor
 from twisted.logger import Logger
@@ -28,25 +32,27 @@ from twisted.web import resource, server
 from scrapyd_pgqueue.node import copy_writer
 from scrapyd_pgqueue.web import offload
 from scrapyd_pgqueue.crawl_process.crawl_node import (
-    BEARER, EXISTING, INDEX, JOB, JOBS, NODE_ADDRESS_VARIABLE, SCHEDULE_PATH, TCP, TOKEN_VARIABLE, UNIX,
+    BEARER, EXISTING, INDEX, JOB, JOBS, SCHEDULE_PATH, TCP, UNIX,
 )
 from scrapyd_pgqueue.web.request_gate import Credentials
 from scrapyd_pgqueue.web.request_limits import bounded_request_class
 
 log = Logger()
 
-SOCKET_DIRECTORY = "crawl-api"  # under the node's working directory, mode 0700
+SOCKET_DIRECTORY = "crawl-api"  # under the node's working directory
 MAX_SOCKET_PATH = 107  # sun_path's 108 bytes, with its NUL
 API_THREADS = 2  # crawl requests waiting for the database at once; beside the web threads, not in them
 
 
-@dataclass(frozen=True)
+@dataclass
 class CrawlScope:
-    """What one crawl's token allows: its project, its job, and its row (whose tree it may grow; None: no row)."""
+    """What one crawl's token allows: its project, its job, and its row (whose tree it may grow; None: no row); and
+    the crawl's pid, the one process that may use it (None until it has started)."""
 
     project: str
     job: str
     row_id: int | None
+    pid: int | None = field(default=None)
 
 
 class Refused(ValueError):
@@ -68,23 +74,29 @@ class CrawlApi(resource.Resource):
 
     # --- tokens (reactor thread) ------------------------------------------------------------------------------
 
-    def admit(self, project: str, job: str, claimed) -> dict[str, str]:
-        """A new token for a crawl about to start: the variables its environment gets (never logged)."""
+    def admit(self, project: str, job: str, claimed) -> str:
+        """A new token for a crawl about to start (never logged)."""
         token = secrets.token_urlsafe(32)
         self.scopes[token] = CrawlScope(project, job, None if claimed is None else claimed.id)
-        return {TOKEN_VARIABLE: token, NODE_ADDRESS_VARIABLE: self.address}
+        return token
 
-    def forget(self, environment: dict) -> None:
+    def started(self, token: str, pid: int) -> None:
+        """The crawl's process is known: only it may use its token."""
+        scope = self.scopes.get(token)
+        if scope is not None:
+            scope.pid = pid
+
+    def forget(self, token: str | None) -> None:
         """The crawl ended (or never started): its token dies with it."""
-        self.scopes.pop(environment.get(TOKEN_VARIABLE, ""), None)
+        self.scopes.pop(token or "", None)
 
     # --- listening --------------------------------------------------------------------------------------------
 
     def listen(self, directory: str):
         """Serve on ``directory/<pid>.sock``; on a loopback port when that path is too long for a Unix socket."""
         directory = os.path.abspath(directory)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
+        os.makedirs(directory, mode=0o711, exist_ok=True)
+        os.chmod(directory, 0o711)  # crawls of other users reach the socket; none lists the directory
         path = os.path.join(directory, f"{os.getpid()}.sock")
         site = server.Site(self)
         # A body over max_request_bytes is counted and dropped, never kept: a crawl cannot fill its node's memory.
@@ -96,7 +108,7 @@ class CrawlApi(resource.Resource):
         if len(path.encode()) <= MAX_SOCKET_PATH:
             if os.path.exists(path):
                 os.unlink(path)  # a node of the same pid before this one (a container restarted)
-            port = reactor.listenUNIX(path, site, mode=0o600)
+            port = reactor.listenUNIX(path, site, mode=0o666)  # any local process connects; _scope decides
             self.address = f"{UNIX}:{path}"
         else:
             log.warn("The crawl endpoint's socket path {path} is longer than a Unix socket allows: serving on a "
@@ -127,6 +139,9 @@ class CrawlApi(resource.Resource):
         scope = self.scopes.get(token.strip()) if scheme.lower() == BEARER.lower() else None
         if scope is None:
             raise Refused(401, "unknown token: not a crawl running on this node (a token dies with its job)")
+        peer = peer_pid(request)
+        if peer is not None and peer != scope.pid:
+            raise Refused(401, "this token is not the calling process's: a crawl's token works from that crawl only")
         return scope
 
     @staticmethod
@@ -200,3 +215,11 @@ class CrawlApi(resource.Resource):
         request.write(self._answer(request, code, data))
         request.finish()
 
+
+def peer_pid(request) -> int | None:
+    """The pid of the process at the other end of a Unix socket request (None over TCP, which cannot tell)."""
+    sock = getattr(request.channel.transport, "socket", None)
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid

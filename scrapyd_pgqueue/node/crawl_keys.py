@@ -1,10 +1,12 @@
 """A crawl holds no keys: what the node keeps out of its crawls' environments, and out of their reach.
 
-A spider is untrusted code running as the node's user. Scrapyd copies the node's whole environment into every crawl
-and every ``scrapy list``; the node's environment holds the database URL (with its password), the HTTP password and,
-under the chart, ``DATABASE_PASSWORD``. ``crawl_environment`` is the one decision of what a crawl may see: the
-cluster's secret variables go by name, and any variable whose value holds one of the node's secret values goes too
-(a Secret mounted under a name of the operator's choosing). The node itself is made not dumpable at start
+A spider is untrusted code, run under its project's user or, where the node cannot switch users, under the node's
+(``node/spawner.py``). Scrapyd copies the node's whole environment into every crawl and every ``scrapy list``; the
+node's environment holds the database URL (with its password), the HTTP password and, under the chart,
+``DATABASE_PASSWORD``. ``crawl_environment`` is the one decision of what a crawl may see: the cluster's secret
+variables go by name, and any variable whose value holds one of the node's secret values goes too (a Secret mounted
+under a name of the operator's choosing); so are ``PYTHONPATH`` entries that are not absolute (an empty or relative
+one would put the crawl's working directory on ``sys.path``). The node itself is made not dumpable at start
 (``crawl_process/not_dumpable.py``), so a crawl of the same user cannot read ``/proc/<node>/environ`` or attach to it.
 """
 
@@ -52,7 +54,10 @@ def crawl_environment(environment: Mapping[str, str], secrets: Iterable[str]) ->
     secrets = [secret for secret in secrets if secret]
     long = [secret for secret in secrets if len(secret) >= SUBSTRING_MINIMUM]
     short = {secret for secret in secrets if len(secret) < SUBSTRING_MINIMUM}
-    return {
+    kept = {
         name: value for name, value in environment.items()
         if name not in SECRET_VARIABLES and value not in short and not any(secret in value for secret in long)
     }
+    if "PYTHONPATH" in kept:
+        kept["PYTHONPATH"] = os.pathsep.join(path for path in kept["PYTHONPATH"].split(os.pathsep) if os.path.isabs(path))
+    return kept

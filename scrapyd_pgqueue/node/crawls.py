@@ -51,6 +51,9 @@ class PostgresProcessProtocol(ScrapyProcessProtocol):
     watchdog_reason = None
     start_timed_out = False  # killed for not reaching its spider within start_timeout: handed back
     crawl_stats = None  # what the crawl reports on its stats descriptor (node/crawl_stats.py)
+    token = None  # its crawl endpoint token (node/crawl_api.py)
+    launch = None  # what it is told at its start (crawl_process/launch.py): its arguments, token, directories
+    uid = None  # the uid it runs as (None: the node's)
 
     @property
     def spider_opened_at(self) -> float | None:

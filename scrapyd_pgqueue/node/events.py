@@ -18,7 +18,6 @@ from twisted.logger import Logger
 
 from scrapyd.webservice import spider_list
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IEggFiles, INodeCrawls
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.node.warm import WarmStarts
@@ -160,9 +159,8 @@ class ClusterEvents:
         keeps its own files)."""
         if self.egg_files is None:
             return None
-        in_use = {process.env.get(EGG_FILE_VARIABLE) for process in self.crawls.running()}
         return (
-            threads.deferToThread(self.egg_files.prune_cache, in_use)
+            threads.deferToThread(self.egg_files.prune_cache)
             .addCallback(self._egg_cache_pruned)
             .addErrback(lambda failure: self.trouble.report(
                 f"Pruning the egg cache failed: {failure.getErrorMessage()}", key="egg cache"))

@@ -3,12 +3,14 @@
 A warm process (``scrapyd_pgqueue/crawl_process/warm_process.py``) has imported one project version once; each crawl is a fork
 of it, so it reaches its spider in tens of milliseconds instead of a quarter of a second of imports. To the
 launcher a forked crawl looks like a spawned one: the node makes its stdout, stderr and stats pipes and reads them as
-Twisted reads a child's, ``WarmCrawl`` is its transport (the real pid, ``signalProcess``), and ``processEnded``
-gets the ``ProcessDone`` or ``ProcessTerminated`` that Twisted would give. Never worse than cold: a crawl whose
+Twisted reads a child's, ``WarmCrawl`` is its transport (the real pid, signals sent through its warm process), and
+``processEnded`` gets the ``ProcessDone`` or ``ProcessTerminated`` that Twisted would give. The warm process itself
+is started by the node's spawner (``node/spawner.py``), under the project's uid. Never worse than cold: a crawl whose
 warm process is still importing its project, a project that cannot be forked safely, a warm process that dies
 before forking, a message too big to send all mean a cold spawn; a crawl whose warm process died under it ends with
-``warm_parent_died`` set, and the launcher hands its job back. A warm process is keyed by its project and egg file
-(the egg's row id: a redeployed version is a new key), retired when its project changes in the egg catalogue, when
+``warm_parent_died`` set, and the launcher hands its job back. A warm process is keyed by its project and its egg's sha256 (a
+redeployed version is a new key; the egg is the sealed memory file its crawls get too), runs as its crawls' user,
+retired when its project changes in the egg catalogue, when
 it is the least recently used of too many, or idle.
 """
 
@@ -16,21 +18,22 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import time
+import uuid
 from collections import OrderedDict
 
-from twisted.internet import error, main, protocol, reactor
-from twisted.internet.process import ProcessReader
+from twisted.internet import error, protocol, reactor
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from scrapyd_pgqueue.crawl_process import warm_process
+from scrapyd_pgqueue.components.eggstorage import SealedEgg
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
+from scrapyd_pgqueue.crawl_process import launch, warm_process
 from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE
 from scrapyd_pgqueue.crawl_process.job_stats import STATS_FD
+from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 log = Logger()
@@ -39,71 +42,10 @@ log = Logger()
 READY_TIMEOUT = 120.0
 
 
-class WarmCrawl:
-    """The transport of one forked crawl: its output pipes, its pid once forked, its end."""
+class WarmCrawl(spawning.RelayedProcess):
+    """The transport of one forked crawl: its pipes, its pid once forked, signals through its warm process."""
 
-    def __init__(self, process, out_fd: int, err_fd: int, stats_fd: int):
-        self.process = process
-        self.pid = None
-        self.status = None  # waitpid's status, once known
-        self.ended = False
-        self.pending_signals: list[int] = []  # signalled before the fork was reported: sent right after
-        self.readers = {1: ProcessReader(reactor, self, 1, out_fd), 2: ProcessReader(reactor, self, 2, err_fd),
-                        STATS_FD: ProcessReader(reactor, self, STATS_FD, stats_fd)}
-        process.transport = self  # cancel.json may signal it before its pid is known
-
-    def started(self, pid: int) -> None:
-        self.pid = pid
-        self.process.makeConnection(self)  # connectionMade: the protocol reads the pid and logs the start
-        for number in self.pending_signals:
-            self.signalProcess(number)
-
-    def signalProcess(self, signal_id) -> None:
-        if self.status is not None:
-            raise error.ProcessExitedAlready()
-        number = getattr(signal, f"SIG{signal_id}") if isinstance(signal_id, str) else signal_id
-        if self.pid is None:
-            self.pending_signals.append(number)
-            return
-        try:
-            os.kill(self.pid, number)
-        except ProcessLookupError:
-            raise error.ProcessExitedAlready() from None
-
-    def childDataReceived(self, name, data) -> None:
-        self.process.childDataReceived(name, data)
-
-    def childConnectionLost(self, name, reason) -> None:
-        os.close(self.readers.pop(name).fd)
-        self.process.childConnectionLost(name)
-        self._maybe_ended()
-
-    def close_pipes(self) -> None:
-        """Not forked after all: stop reading (the cold spawn makes its own pipes)."""
-        for reader in self.readers.values():
-            reader.stopReading()
-            os.close(reader.fd)
-        self.readers.clear()
-
-    def exited(self, status: int) -> None:
-        self.status = status
-        self._maybe_ended()
-
-    def parent_died(self) -> None:
-        """Its warm process died: the crawl was SIGKILLed with it (PR_SET_PDEATHSIG)."""
-        self.process.warm_parent_died = True
-        self.exited(signal.SIGKILL)
-
-    def _maybe_ended(self) -> None:
-        """As Twisted: processEnded once the crawl has exited and both pipes are closed (all output read)."""
-        if self.ended or self.readers or self.status is None:
-            return
-        self.ended = True
-        code = os.WEXITSTATUS(self.status) if os.WIFEXITED(self.status) else None
-        number = None if os.WIFEXITED(self.status) else os.WTERMSIG(self.status)
-        reason = error.ProcessTerminated(code, number, self.status) if code or number else error.ProcessDone(
-            self.status)
-        self.process.processEnded(Failure(reason))
+    forked = True
 
 
 class WarmOutput(protocol.ProcessProtocol):
@@ -122,7 +64,9 @@ class WarmOutput(protocol.ProcessProtocol):
 class WarmProcess:
     """The node's end of one warm process (an IReadDescriptor on its socket)."""
 
-    def __init__(self, pool, key: tuple[str, str]):
+    def __init__(self, pool, key: tuple[str, str], process, egg):
+        """A warm process of the project and egg (``key``: its name and the egg's digest) that ``process``, a crawl
+        about to start, runs, under that crawl's uid."""
         self.pool, self.key = pool, key
         self.crawls: dict[int, WarmCrawl] = {}  # by the number of the request that asked for it
         self.numbers = iter(range(1, sys.maxsize))
@@ -131,17 +75,34 @@ class WarmProcess:
         self.alive = True
         self.ready = False
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        project, egg = key
+        project = key[0]
         # Without the node's secrets: every crawl forked from it holds this process's first environment in memory.
         env = {**crawl_environment(os.environ, pool.secrets), PROJECT_VARIABLE: project,
-               EGG_FILE_VARIABLE: egg, warm_process.NODE_PID_VARIABLE: str(os.getpid())}
+               EGG_FILE_VARIABLE: launch.EGG_PATH if egg is not None else "",
+               launch.LAUNCH_VARIABLE: str(launch.LAUNCH_FD)}
+        env.update({name: process.env[name] for name in ("SCRAPY_SETTINGS_MODULE",) if name in process.env})
+        # It may write what any crawl of its project writes: its forks make their own directories there.
+        writable = [*pool.project_directories(project), os.path.join(pool.crawls_dir, project),
+                    *pool.settings.crawl_paths, os.devnull]
+        launch_fd = spawning.launch_file({launch.LANDLOCK: spawning.boundary().landlock, launch.WRITABLE: writable})
+        ours, out = spawning.pipes((1, 2))
+        self.process = spawning.RelayedProcess(WarmOutput(project), ours)
         control = warm_process.CONTROL_FD
-        args = [sys.executable, "-m", warm_process.__name__, str(control)]
         try:
-            self.process = reactor.spawnProcess(WarmOutput(project), sys.executable, args=args, env=env,
-                                                childFDs={0: "w", 1: "r", 2: "r", control: theirs.fileno()})
+            spawning.node_spawner().start(
+                self.process, [*spawning.PYTHON, "-m", warm_process.__name__, str(control)], env, project,
+                process.uid, uuid.uuid4().hex,
+                {**out, control: theirs.fileno(), launch.LAUNCH_FD: launch_fd,
+                 **({launch.EGG_FD: egg.fd} if egg is not None else {})})
+        except OSError:
+            self.process.close_pipes()
+            raise
         finally:
             theirs.close()
+            spawning.close_all([*out.values(), launch_fd])
+        self.uid = process.uid
+        # For its crawls that go cold if it dies before forking them.
+        self.egg = None if egg is None else SealedEgg(os.dup(egg.fd), egg.digest)
         self.socket.setblocking(False)
         reactor.addReader(self)
         self.ready_timer = reactor.callLater(READY_TIMEOUT, self._not_ready)
@@ -155,25 +116,30 @@ class WarmProcess:
             pass
 
     def fork(self, process) -> bool:
-        """Ask for a fork running ``process`` (its args and env); False when it cannot be asked (spawn cold)."""
+        """Ask for a fork running ``process`` (its launch and env); False when it cannot be asked (spawn cold)."""
         number = next(self.numbers)
-        message = json.dumps({warm_process.CRAWL: number, warm_process.ARGS: process.args,
-                              warm_process.ENV: process.env}).encode()
-        if not self.alive or len(message) > warm_process.MAX_MESSAGE:
+        message = json.dumps({warm_process.CRAWL: number, warm_process.ARGS: process.args[-1:],
+                              warm_process.ENV: process.env, warm_process.LAUNCH: process.launch,
+                              warm_process.SCRATCH: os.path.join(self.pool.crawls_dir, self.key[0],
+                                                                 uuid.uuid4().hex)}).encode()
+        if not self.alive or len(message) > warm_process.MAX_MESSAGE or process.uid != self.uid:
             return False
-        (out_read, out_write), (err_read, err_write), (stats_read, stats_write) = os.pipe(), os.pipe(), os.pipe()
+        ours, theirs = spawning.pipes((1, 2, STATS_FD))
         try:
-            socket.send_fds(self.socket, [message], [out_write, err_write, stats_write])  # warm_process.CRAWL_FDS
+            socket.send_fds(self.socket, [message], list(theirs.values()))  # warm_process.CRAWL_FDS, in order
         except OSError:  # full (a warm process still importing with many crawls queued), or gone
-            for fd in (out_read, err_read, stats_read):
-                os.close(fd)
+            spawning.close_all(ours.values())
             return False
         finally:
-            for fd in (out_write, err_write, stats_write):
-                os.close(fd)
-        self.crawls[number] = WarmCrawl(process, out_read, err_read, stats_read)
+            spawning.close_all(theirs.values())
+        crawl = self.crawls[number] = WarmCrawl(process, ours)
+        crawl.signaller = lambda signal_number: self.signal(number, signal_number)
         self.last_used = time.monotonic()
         return True
+
+    def signal(self, number: int, signal_number: int) -> None:
+        """Its warm process signals a crawl (the node may run as another user than the crawl)."""
+        self.socket.send(json.dumps({warm_process.SIGNAL: number, warm_process.NUMBER: signal_number}).encode())
 
     def retire(self) -> None:
         """No more crawls: the warm process exits once its running crawls have ended."""
@@ -193,16 +159,7 @@ class WarmProcess:
         return f"Warm,{self.key[0]}"
 
     def doRead(self):
-        while True:
-            try:
-                data = self.socket.recv(65536)
-            except BlockingIOError:
-                return None
-            except OSError:
-                return main.CONNECTION_LOST
-            if not data:
-                return main.CONNECTION_DONE
-            self.received(json.loads(data))
+        return spawning.read_messages(self.socket, self.received)
 
     def received(self, message: dict) -> None:
         if warm_process.READY in message:
@@ -235,44 +192,54 @@ class WarmProcess:
         for crawl in self.crawls.values():
             if crawl.pid is None:
                 crawl.close_pipes()
-                self.pool.spawn_cold(crawl.process, crawl.pending_signals)
+                self.pool.spawn_cold(crawl.process, self.egg, crawl.pending_signals)
             else:
                 crawl.parent_died()
         self.crawls.clear()
+        if self.egg is not None:
+            os.close(self.egg.fd)
 
 
 class WarmStarts:
-    """The node's warm processes: at most ``max_processes``, least recently used retired first."""
+    """The node's warm processes: at most ``warm_processes``, least recently used retired first."""
 
-    def __init__(self, max_processes: int, idle_seconds: float, spawn_cold, secrets=frozenset()):
-        self.max_processes, self.idle_seconds = max_processes, idle_seconds
+    def __init__(self, settings, spawn_cold, secrets=frozenset()):
+        self.settings = settings
+        self.max_processes, self.idle_seconds = settings.warm_processes, settings.warm_idle_timeout
+        self.crawls_dir = os.path.abspath(settings.crawls_dir)
         self.secrets = secrets  # the node's secret values, kept out of its warm processes' environments
-        self._spawn_cold = spawn_cold  # launcher: spawn a protocol as Scrapyd does
+        self._spawn_cold = spawn_cold  # launcher: spawn a protocol with its egg, as Scrapyd would, cold
         self.warm: OrderedDict[tuple[str, str], WarmProcess] = OrderedDict()
         self.cold_reasons: dict[tuple[str, str], str] = {}  # project versions that are always spawned cold
+        self.project_directories = lambda project: []  # the launcher's environment's, set by the launcher
 
-    def spawn(self, process, project: str, egg: str | None) -> None:
-        """Start ``process`` (a launcher's protocol with its args and env) warm if possible, else cold."""
-        key = (project, egg)
-        if egg is None or key in self.cold_reasons:  # None: the egg storage gives no file (not ours)
-            return self._spawn_cold(process)
+    def spawn(self, process, egg, ours: bool = True) -> None:
+        """Start ``process`` (a launcher's protocol with its launch and env) warm if possible, else cold. ``egg``:
+        its ``SealedEgg``, None for a project baked in; ``ours``: whether the eggs are ours (another egg storage
+        gives no egg to fork from)."""
+        if not ours:
+            return self._spawn_cold(process, egg)
+        key = (process.project, egg.digest if egg is not None else "")
+        if key in self.cold_reasons:
+            return self._spawn_cold(process, egg)
         warm = self.warm.get(key)
         if warm is None or not warm.alive:
             while len(self.warm) >= self.max_processes:
                 self.warm.popitem(last=False)[1].retire()
             try:
-                warm = self.warm[key] = WarmProcess(self, key)
+                warm = self.warm[key] = WarmProcess(self, key, process, egg)
             except Exception as e:  # noqa: BLE001 - e.g. out of file descriptors: this crawl goes cold
-                log.error("Could not start a warm process of project {project}: {error}", project=project, error=e)
-                return self._spawn_cold(process)
+                log.error("Could not start a warm process of project {project}: {error}", project=process.project,
+                          error=e)
+                return self._spawn_cold(process, egg)
         self.warm.move_to_end(key)
         if not warm.ready or not warm.fork(process):  # importing still: a cold spawn starts now, never later
-            self._spawn_cold(process)
+            self._spawn_cold(process, egg)
 
-    def spawn_cold(self, process, signals=()) -> None:
+    def spawn_cold(self, process, egg, signals=()) -> None:
         """A crawl its warm process never forked: cold, with the signals it was sent meanwhile."""
         try:
-            self._spawn_cold(process)
+            self._spawn_cold(process, egg)
         except Exception as e:  # noqa: BLE001 - ends as a crawl that could not start would
             log.error("Could not start job {job}: {error}", job=process.job, error=e)
             process.processEnded(Failure(error.ProcessTerminated(1)))

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 
 from scrapyd_pgqueue.contracts import INodeCrawls
 from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER
-from scrapyd_pgqueue.node.warm import WarmCrawl
+from scrapyd_pgqueue.crawl_process.launch import ARGS
 from scrapyd_pgqueue.store.statuses import STALLED, TIMEOUT
 
 log = Logger()
@@ -102,11 +102,11 @@ class Watchdog:
     def reports_opening(self, process) -> bool:
         """Whether the crawl tells its node when its spider opens: forked warm, or spawned by the node's runner (a
         runner of the user's own adds no stats extension: start_timeout would kill every one of its crawls)."""
-        return isinstance(process.transport, WarmCrawl) or self.runner == REPORTING_RUNNER
+        return getattr(process.transport, "forked", False) or self.runner == REPORTING_RUNNER
 
     def hand_back_unstarted(self, process) -> None:
         """Kill a crawl that never reached its spider; the launcher hands its job back once it has ended."""
-        how = "forked warm" if isinstance(process.transport, WarmCrawl) else "spawned cold"
+        how = "forked warm" if getattr(process.transport, "forked", False) else "spawned cold"
         log.warn("Job {job} of project {project} (pid {pid}, {how}) did not reach its spider within start_timeout "
                  "({seconds:g}s): killed (SIGKILL), its job handed back", job=process.job, project=process.project,
                  pid=process.pid, how=how, seconds=self.settings.start_timeout)
@@ -118,8 +118,8 @@ class Watchdog:
 
 
 def crawl_log_file(process) -> str | None:
-    """The crawl's log file (Scrapyd passes it as ``-s LOG_FILE=...``); None when logs_dir is off."""
-    args = list(process.args or [])
+    """The crawl's log file (Scrapyd's ``-s LOG_FILE=...``, in the crawl's launch); None when logs_dir is off."""
+    args = list((process.launch or {}).get(ARGS, ()))
     for flag, value in zip(args, args[1:]):
         if flag == "-s" and value.startswith("LOG_FILE="):
             return value.partition("=")[2]

@@ -36,6 +36,7 @@ from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
 from scrapyd_pgqueue.former_paths import deprecated_names
 from scrapyd_pgqueue.web.log_files import is_inside, open_log
 from scrapyd_pgqueue.web import metrics
+from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.services.resource import DatabaseService, node_root, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
 from scrapyd_pgqueue.store import (
@@ -156,7 +157,8 @@ class ListJobs(DatabaseService):
 
 
 class DaemonStatus(DatabaseService):
-    """This node as Scrapyd reports it (running: its own crawls), and the cluster under ``cluster``.
+    """This node as Scrapyd reports it (running: its own crawls), and the cluster under ``cluster``; ``crawl_boundary``
+    says what separates its crawls: "separate users" (a uid per project) or "one user", and "landlock".
 
     Answered within a second whatever the database does (health checks and probes read it): the counts are read in
     threads of their own (``web/offload.py``) with PROBE_SECONDS to answer, pool wait included. A database that does
@@ -192,6 +194,8 @@ class DaemonStatus(DatabaseService):
     def answer(self, outcome, txrequest, gone) -> None:
         if isinstance(outcome, dict):
             data = {**outcome, "status": "ok"}
+            # What keeps a project's crawls from the node and from other projects (node/spawning.py).
+            data["crawl_boundary"] = spawning.boundary().names()
         elif outcome.check(DatabaseError, defer.TimeoutError):  # TimeoutError: the probe threads were all busy
             metrics.DATABASE_ERRORS.labels("web").inc()
             reason = f"no answer within {PROBE_SECONDS:g} s"
@@ -302,10 +306,24 @@ class Logs(resource.Resource):
 
 
 class LogFiles(File):
-    """Scrapyd's log files, each opened as ``log_files.open_log`` opens it: a FIFO or a link is not found."""
+    """Scrapyd's log files, each opened as ``log_files.open_log`` opens it: a FIFO or a link is not found.
+
+    A crawl may make links in its log directory (to the node's own directory): a link is neither listed nor entered,
+    so no listing shows a file that is not the node's logs."""
 
     def openForReading(self):
         return open_log(self.path)
+
+    def getChild(self, path, request):
+        # Every path segment below logs_dir passes here: a link at any of them is not found.
+        child = super().getChild(path, request)
+        if isinstance(child, static.File) and child.islink():
+            return self.childNotFound
+        return child
+
+    def listNames(self):
+        # Scrapyd's directoryListing lists these names, following links (isdir, getsize): leave links out.
+        return [name for name in super().listNames() if not self.child(name).islink()]
 
 
 class Schedule(DatabaseService):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import zlib
 from typing import NamedTuple
 
 from scrapyd_pgqueue.store import db
@@ -43,6 +44,24 @@ EGG_PROJECTS = text("SELECT DISTINCT project FROM project_egg ORDER BY project")
 # Delete the egg of :project/:version, or all of the project's eggs when :version is NULL.
 DELETE_EGGS = text("""
     DELETE FROM project_egg WHERE project = :project AND (CAST(:version AS text) IS NULL OR version = :version)
+""")
+
+# The uid of :project's crawls, assigned now if it has none: the first free uid of :first..:last, counted on from a
+# point the project's name picks (so uids mostly do not depend on the order projects come in). A node that assigns at
+# the same moment for this project or this uid inserts nothing (ON CONFLICT DO NOTHING) and no row comes back: asked
+# again, it reads the row the other wrote. Probes the uid index once per candidate, at a project's first crawl only.
+PROJECT_UID = text("""
+    WITH assigned AS (
+        INSERT INTO project_user (project, uid)
+        SELECT :project, candidate FROM generate_series(:first, :last) AS candidate
+        WHERE NOT EXISTS (SELECT 1 FROM project_user WHERE project = :project)
+          AND NOT EXISTS (SELECT 1 FROM project_user AS taken WHERE taken.uid = candidate)
+        ORDER BY (candidate - :first + :start) % (:last - :first + 1)
+        LIMIT 1
+        ON CONFLICT DO NOTHING
+        RETURNING uid
+    )
+    SELECT uid FROM assigned UNION ALL SELECT uid FROM project_user WHERE project = :project
 """)
 
 # Per project, its number of eggs and newest egg id: changes whenever one of its eggs is added, replaced or deleted
@@ -88,6 +107,18 @@ class EggStore(StorePerEngine):
         with db.autocommit(self.engine) as connection:
             return {row.version: StoredEgg(row.id, bytes(row.sha256))
                     for row in connection.execute(EGG_IDS, {"project": project})}
+
+    @database_errors
+    def project_uid(self, project: str, first: int, last: int) -> int:
+        """The uid :project's crawls run as (``crawl_users``), assigned at its first crawl on any node."""
+        start = zlib.crc32(project.encode()) % (last - first + 1)
+        for _ in range(5):  # each round loses only to another node's assignment, which the next one reads
+            with db.autocommit(self.engine) as connection:
+                uid = connection.execute(PROJECT_UID, {"project": project, "first": first, "last": last,
+                                                       "start": start}).scalar()
+            if uid is not None:
+                return uid
+        raise db.DatabaseError(f"no uid of {first}-{last} is free for project {project!r} (crawl_uid_range)")
 
     @database_errors
     def egg_by_id(self, egg_id: int) -> bytes | None:

@@ -44,6 +44,7 @@ NODE_TABLES = {
     "webhook_event": ROW_RIGHTS,  # the outbox: written with each event's cause, claimed and deleted by deliveries
     # A deploy inserts a new row (a new id) and deletes the old one; no node updates an egg or its digest in place.
     "project_egg": "SELECT, INSERT, DELETE",
+    "project_user": "SELECT, INSERT",  # a project's uid is assigned once, then only read
     db.VERSION_TABLE: "SELECT",  # nodes check the schema's revision; only the owner migrates
 }
 NODE_SEQUENCES = ("project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_id_seq", "webhook_event_id_seq",

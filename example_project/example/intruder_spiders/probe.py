@@ -1,6 +1,6 @@
 """A spider that looks for its node's keys wherever a crawl, running as the node's user, can: its own environment,
-its parent's and grandparent's (``/proc/<pid>/environ``: the node, or the warm process and the node), and every
-file under the node's working directory and home (its configuration). It records what it read, or why it could
+its ancestors' (``/proc/<pid>/environ``: the node's spawner and the node, or the warm process, the spawner and the
+node), and every file under its working directory and home (a crawl's own: none of the node's). It records what it read, or why it could
 not, in <EXAMPLE_RECORD_DIR>/probes.jsonl, with the crawl's token and its node's address.
 
 Importing this module records the importing process's environment and arguments in
@@ -65,8 +65,10 @@ class ProbeSpider(RecordingSpider):
     name = "probe"
 
     async def start(self):
+        from scrapyd_pgqueue.crawl_process import crawl_node
+
         parent = os.getppid()
-        ancestors = [parent, parent_of(parent)]
+        ancestors = [parent, parent_of(parent), parent_of(parent_of(parent))]
         files = {}
         for top in {Path.cwd(), Path.home()}:
             for path in top.rglob("*"):
@@ -75,6 +77,9 @@ class ProbeSpider(RecordingSpider):
         _record("probes.jsonl", {
             "job": self.job,
             "environ": dict(os.environ),
+            "cmdline": read(f"/proc/{os.getpid()}/cmdline"),
+            "node": list(crawl_node._node),  # its node's address and its own token, as its launch gave them
+            "cwd": os.getcwd(),
             "dumpable": ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0),
             "ancestors": what_is_readable(ancestors),
             "relatives": what_is_readable(children_of(ancestors)),

@@ -109,3 +109,13 @@ and selected as before pools existed). As JSON ({"pools": [...]}), for fromJson.
 scrapyd-pgqueue/pool: {{ .pool.name }}
 {{- end -}}
 {{- end -}}
+
+{{/* Whether the nodes' pods get a user namespace of their own (hostUsers: false): userNamespaces true or false, or
+auto: on Kubernetes 1.33 and later, where user namespaces are on by default. "true" or empty. */}}
+{{- define "scrapyd-pgqueue.userNamespaces" -}}
+{{- $mode := toString .Values.userNamespaces -}}
+{{- if eq $mode "auto" -}}
+{{- if semverCompare ">=1.33.0-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}
+{{- else if eq $mode "true" -}}true
+{{- end -}}
+{{- end -}}
