@@ -5,7 +5,8 @@ functions: ``run(ctx) -> dict``, ``format_table(result) -> str`` and ``plot(resu
 ``run`` returns ``{"parameters", "series", "ratios", "targets", "notes"}``; the runner adds timing, writes the
 JSON, prints the table and draws the plots. A suite whose ``run`` is None is planned: listed, never run.
 
-To add a suite: write ``bench/suites/<name>.py`` with that contract and add one ``Suite`` line to ``SUITES``.
+To add a suite: write ``bench/suites/<name>.py`` (or a package ``bench/suites/<name>/`` whose ``__init__`` holds
+those names) with that contract and add one ``Suite`` line to ``SUITES``.
 "wakeup" and "idle" were registered here as planned suites before they were written.
 """
 

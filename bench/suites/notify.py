@@ -4,7 +4,7 @@ Every transaction that sends a NOTIFY takes one server-wide lock at its commit (
 at a time) and signals every listening backend, which then reads the queue. The package notifies only while some
 node wants work (``scrapyd_node.wants_work``: free slots and nothing found to claim), once per statement, with an
 empty payload. This suite measures what that buys, on a Postgres of its own (``max_connections`` above the
-listeners; the role and database ``scrapyd`` of the scale suite's ``Servers``):
+listeners; the role and database ``scrapyd`` of ``bench.servers.Servers``, as the scale suite's):
 
 - **listeners**: one process (multiprocessing spawn) opens ``count`` real connections straight to Postgres,
   LISTENs on each of the product's channels, and reads every notification they receive (one ``epoll`` loop, as
@@ -39,8 +39,9 @@ from pathlib import Path
 
 from bench import report
 from bench.context import Context
+from bench.servers import Servers, connect
 from bench.stats import percentile, ratio
-from bench.suites import scale, wakeup
+from bench.suites import wakeup
 
 SUMMARY = "schedule.json (8 clients) and scrapyd-pgqueue enqueue with 0, 100 and 1,000 listening sessions; pickup"
 SERIES = ("busy", "wanting", "pickup")
@@ -67,7 +68,7 @@ def run(ctx: Context) -> dict:
     from scrapyd_pgqueue.local.cluster import LocalCluster
 
     counts, sizes = LISTENER_COUNTS[ctx.profile.name], SIZES[ctx.profile.name]
-    servers = scale.Servers(max(counts) + MAX_CONNECTIONS_SPARE, 100, ctx.log)
+    servers = Servers(max(counts) + MAX_CONNECTIONS_SPARE, 100, ctx.log)
     try:
         servers.start()
         local = dataclasses.replace(ctx, database_url=servers.direct_url)
@@ -185,7 +186,7 @@ def _wait_wanting(ctx: Context, wants: bool, timeout: float = 60.0) -> None:
 
 
 def _sql(url: str, statement: str) -> list | None:
-    with contextlib.closing(scale._connect(url)) as connection, connection.cursor() as cursor:
+    with contextlib.closing(connect(url)) as connection, connection.cursor() as cursor:
         cursor.execute(statement)
         return cursor.fetchall() if cursor.description else None
 
