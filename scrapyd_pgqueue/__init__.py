@@ -6,8 +6,6 @@ egg storage, and importing Twisted's reactor there would break Scrapy's own reac
 
 import importlib
 
-from scrapyd_pgqueue import former_paths
-
 __version__ = "0.1.0"
 
 _COMPONENTS = {
@@ -19,8 +17,6 @@ _COMPONENTS = {
 }
 
 __all__ = list(_COMPONENTS)
-
-former_paths.install()  # the paths of earlier releases still import (former_paths.py)
 
 
 def __getattr__(name):

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scrapyd_pgqueue.former_paths import deprecated_names
 
 
 DATABASE_URL_OPTION = "database_url"
@@ -398,8 +397,3 @@ def apply_defaults(config) -> None:
             current = parser.get(section, option, fallback=None)
             if current is None or current == defaults.get(section, option, fallback=None):
                 parser.set(section, option, value)
-
-
-# OneLineConfig lives in its own module (importing Scrapyd imports Scrapy and Twisted, 0.2 s, which the command line
-# and the COPY helper never use); its former path here still works, warning with the new one.
-__getattr__ = deprecated_names(__name__, {"OneLineConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig"})

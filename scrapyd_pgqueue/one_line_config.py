@@ -1,4 +1,4 @@
-"""Scrapyd's configuration as a one-line node and its crawls read it (formerly ``config.OneLineConfig``)."""
+"""Scrapyd's configuration as a one-line node and its crawls read it."""
 
 from __future__ import annotations
 

@@ -20,10 +20,7 @@ from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line abov
 
 from scrapyd_pgqueue.crawl_process import launch, stats_extension  # noqa: E402
 from scrapyd_pgqueue.one_line_config import OneLineConfig  # noqa: E402
-from scrapyd_pgqueue.former_paths import deprecated_names  # noqa: E402
 
-# a former name
-__getattr__ = deprecated_names(__name__, {"ClusterConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig"})
 
 
 def main():

@@ -14,30 +14,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from scrapy.utils.misc import load_object
 from scrapyd.config import Config
 from scrapyd.utils import initialize_component
 
 from scrapyd_pgqueue import application
 from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
-from scrapyd_pgqueue.runner import OneLineConfig
+from scrapyd_pgqueue.one_line_config import OneLineConfig
 from helpers import jobs, query, runs_of, wait_for
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-# Names a user may have imported before they were renamed, with their current names: deprecated aliases.
-FORMER_NAMES = {
-    "scrapyd_pgqueue.store.ClusterStore": "scrapyd_pgqueue.store.AllJobsStore",
-    "scrapyd_pgqueue.runner.ClusterConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig",
-    "scrapyd_pgqueue.config.OneLineConfig": "scrapyd_pgqueue.one_line_config.OneLineConfig",
-    "scrapyd_pgqueue.webservice.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
-    "scrapyd_pgqueue.services.resource.ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService",
-    "scrapyd_pgqueue.webservice.ScheduleBatch": "scrapyd_pgqueue.services.batches.ScheduleBatch",
-    "scrapyd_pgqueue.services.jobs.ScheduleBatch": "scrapyd_pgqueue.services.batches.ScheduleBatch",
-}
-# Modules of names that moved, by their former name: each stays as a deprecated alias of its new home.
-MODULES_OF_NAMES = {"webservice": "services.jobs", "schedule_services": "services.schedules",
-                 "tree_services": "services.trees", "egg_services": "services.eggs", "website": "web.root"}
 # Imports each dotted path given (a module, or a module's attribute) in a fresh interpreter, as Scrapyd loads a
 # configured component; prints the ones that fail.
 IMPORT_EACH = """
@@ -84,11 +70,11 @@ def config_from(text: str, tmp_path, monkeypatch) -> Config:
     return Config()
 
 
-def test_every_path_the_readme_shows_and_every_former_name_imports():
+def test_every_path_the_readme_shows_imports():
     shown = sorted(set(re.findall(r"scrapyd_pgqueue(?:\.\w+)+", README.read_text())))
     assert {"scrapyd_pgqueue.application", "scrapyd_pgqueue.services.jobs.Schedule", "scrapyd_pgqueue.web.root.Root",
             "scrapyd_pgqueue.PostgresSpiderQueue"} <= set(shown)
-    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *shown, *FORMER_NAMES], capture_output=True,
+    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *shown], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "", f"not importable: {result.stdout.split()}"
@@ -101,75 +87,6 @@ def test_every_file_the_readme_names_is_in_the_tree():
     named = set(re.findall(r"`([\w./-]+\.(?:py|sql|yaml|tpl|mako))`", README.read_text()))
     assert len(named) > 20
     assert [name for name in sorted(named) if not any((place / name).exists() for place in places)] == []
-
-
-def test_each_former_path_and_name_is_the_same_object_and_warns_on_use(tmp_path, monkeypatch):
-    silent = subprocess.run([sys.executable, "-W", "error", "-c", "import " + ", ".join(
-        f"scrapyd_pgqueue.{former}" for former in MODULES_OF_NAMES)], capture_output=True, text=True, timeout=120)
-    assert silent.returncode == 0, silent.stderr  # importing a former module, as a configuration does, is silent
-    paths = [*application.SERVICES.values(), application.COMPONENTS["webroot"]]
-    moved = [(path, path.replace(f".{new}.", f".{former}."))
-             for path in paths for former, new in MODULES_OF_NAMES.items() if f".{new}." in path]
-    assert len(moved) == 19  # and schedule_batch.json's two former paths, in FORMER_NAMES
-    moved += [("scrapyd_pgqueue.web.root.Home", "scrapyd_pgqueue.website.Home")]  # no option names it
-    moved += [(path, former_path) for former_path, path in FORMER_NAMES.items()]
-    for path, former_path in moved:
-        with pytest.warns(DeprecationWarning, match=re.escape(f"use {path}")):
-            assert load_object(former_path) is load_object(path)
-    config = config_from(ONE_LINE_NODE + "[services]\nschedule.json = scrapyd_pgqueue.webservice.Schedule\n",
-                         tmp_path, monkeypatch)
-    application.apply_defaults(config)
-    assert dict(config.items("services"))["schedule.json"] == "scrapyd_pgqueue.webservice.Schedule"  # kept
-    assert application.half_configuration(config) == []
-
-
-# Modules of an earlier release that moved into the package's folders, by their former path and their home now.
-MOVED_MODULES = {
-    **{name: f"store.{name}" for name in ("db", "pool", "sql", "waits", "roles", "statuses", "throttled_log",
-                                          "job_requests")},
-    "models": "migrations.models", "answers": "services.answers", "node.metrics": "web.metrics",
-    **{name: f"web.{name}" for name in ("offload", "stored_logs", "request_gate", "request_limits", "log_files")},
-    **{name: f"crawl_process.{name}" for name in ("warm_process", "crawl_node", "job_stats", "stats_extension")},
-}
-IMPORT_FORMER_MODULE = """
-import importlib, sys, warnings
-former, new = sys.argv[1:]
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    module = importlib.import_module(former)
-    from_import = getattr(__import__(former.rpartition(".")[0], fromlist=[former.rpartition(".")[2]]),
-                          former.rpartition(".")[2])
-print(module is importlib.import_module(new), from_import is module, module.__name__, module.__spec__.name,
-      [str(warning.message) for warning in caught if str(warning.message).startswith("scrapyd_pgqueue")])
-"""
-
-
-@pytest.mark.parametrize("former", sorted(MOVED_MODULES))
-def test_a_moved_module_still_imports_by_its_former_path_as_the_same_module_and_warns(former):
-    former_path, new_path = f"scrapyd_pgqueue.{former}", f"scrapyd_pgqueue.{MOVED_MODULES[former]}"
-    result = subprocess.run([sys.executable, "-c", IMPORT_FORMER_MODULE, former_path, new_path], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == (f"True True {new_path} {new_path} "
-                                     f"['{former_path} is deprecated: use {new_path}']")
-
-
-def test_nothing_in_the_package_its_tests_or_bench_uses_a_former_path():
-    formers = [f"scrapyd_pgqueue.{former}" for former in [*MOVED_MODULES, *MODULES_OF_NAMES]]
-    formers += [path.rpartition(".")[0] + "." + path.rpartition(".")[2] for path in FORMER_NAMES]
-    pattern = re.compile("|".join(re.escape(former) + r"(?!\w)" for former in formers))
-    pattern_from = re.compile(r"from scrapyd_pgqueue(\.node)? import [^\n]*\b(" +
-                              "|".join(former.rpartition(".")[2] for former in [*MOVED_MODULES, *MODULES_OF_NAMES])
-                              + r")\b")
-    root = README.parent
-    users = []
-    for path in [*root.glob("scrapyd_pgqueue/**/*.py"), *root.glob("tests/**/*.py"), *root.glob("bench/**/*.py")]:
-        if path.name in ("former_paths.py", "test_application.py"):
-            continue  # the table of former paths, and the tests of it
-        text = path.read_text()
-        users += [f"{path.relative_to(root)}: {match.group(0)}" for match in pattern.finditer(text)]
-        users += [f"{path.relative_to(root)}: {match.group(0)}" for match in pattern_from.finditer(text)]
-    assert users == []
 
 
 def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path, monkeypatch):

@@ -3,5 +3,5 @@
 ``jobs`` (schedule, status, listjobs, cancel, daemonstatus, logs), ``schedules`` (periodic jobs), ``trees``
 (tree.json), ``stats`` (stats.json), ``eggs`` (Scrapyd's egg services off the reactor); ``resource`` is the base they
 share and ``answers`` the JSON values they share with the operator command. Installed through the ``[services]``
-section; the paths of earlier releases stay importable as deprecated aliases (``former_paths.py``).
+section.
 """

@@ -33,7 +33,6 @@ from scrapyd_pgqueue.store.job_requests import (
     options_from_fields,
 )
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.former_paths import deprecated_names
 from scrapyd_pgqueue.web.log_files import is_inside, open_log
 from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node import spawning
@@ -367,8 +366,3 @@ class Schedule(DatabaseService):
         message.update(name=spider, settings=dict(s.split("=", 1) for s in setting), _job=jobid)
         enqueued = JobStore.for_settings(self.settings).enqueue(project, message, priority, options)
         return {"jobid": enqueued.job, **({"existing": True} if enqueued.existing else {})}
-
-
-__getattr__ = deprecated_names(  # a former name
-    __name__, {"ScheduleBatch": "scrapyd_pgqueue.services.batches.ScheduleBatch"}
-)

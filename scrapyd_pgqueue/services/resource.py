@@ -10,7 +10,6 @@ from zope.interface import implementer
 
 from scrapyd.webservice import WsResource
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.former_paths import deprecated_names
 from scrapyd_pgqueue.web import offload
 from scrapyd_pgqueue.contracts import INodeRoot
 from scrapyd_pgqueue.store.db import DatabaseError
@@ -73,8 +72,3 @@ class DatabaseService(offload.OffTheReactor, WsResource, DatabaseErrorsAsMessage
     def check_project(self, project: str | None) -> None:
         if project is not None and project not in self.root.poller.queues:
             raise error.Error(code=http.OK, message=b"project '%b' not found" % project.encode())
-
-
-__getattr__ = deprecated_names(  # a former name
-    __name__, {"ClusterResource": "scrapyd_pgqueue.services.resource.DatabaseService"}
-)

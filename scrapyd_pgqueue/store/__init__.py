@@ -39,7 +39,6 @@ One module per concern:
 
 from __future__ import annotations
 
-from scrapyd_pgqueue.former_paths import deprecated_names
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     ERROR,
@@ -97,7 +96,6 @@ from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_tim
 from scrapyd_pgqueue.store.trees import TreeView
 from scrapyd_pgqueue.store.webhooks import WebhookNotFoundError, WebhookStore
 
-__getattr__ = deprecated_names(__name__, {"ClusterStore": "scrapyd_pgqueue.store.AllJobsStore"})  # a former name
 
 __all__ = [
     # channels and limits
