@@ -3,9 +3,9 @@
 from alembic import context
 
 from scrapyd_pgqueue.store.db import VERSION_TABLE
-from scrapyd_pgqueue.migrations.models import Base
 
 connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=Base.metadata, version_table=VERSION_TABLE)
+# No metadata to autogenerate from: the schema is store/schema.sql, and each migration is written by hand.
+context.configure(connection=connection, target_metadata=None, version_table=VERSION_TABLE)
 with context.begin_transaction():
     context.run_migrations()

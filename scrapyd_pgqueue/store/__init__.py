@@ -6,8 +6,9 @@ input is one); none is held while a crawl runs.
 
 Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it (the
 claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor); only ``scrapyd_pgqueue.store.db``
-knows the driver. The claim's steps are a function in the database: ``schema.sql`` holds it and the other
-database functions as the migrations leave them, with the reason for each step (a test keeps the two in step).
+knows the driver. The claim's steps are a function in the database. ``schema.sql`` is the whole current schema as
+the migrations leave it (tables, indexes, constraints, triggers, functions, grants), with the reason for each object
+and each of the claim's steps; a test keeps the two in step.
 
 One module per concern:
 
@@ -39,18 +40,31 @@ One module per concern:
 
 from __future__ import annotations
 
+from scrapyd_pgqueue.store.all_jobs import (
+    MAX_PENDING_OFFSET,
+    PENDING_COUNT_CAP,
+    AllJobsStore,
+    CancelRequest,
+    ClusterCounts,
+    FinishedJobRow,
+    PendingJob,
+    RunningJob,
+    StoredLog,
+    cancel_signal,
+    signal_number,
+)
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     ERROR,
     KEEP,
     MAX_NAME_BYTES,
     NO_OPTIONS,
+    NOTIFY_CHANNEL,
     ON_CONFLICT,
+    PROJECTS_CHANNEL,
     REPLACE,
     TREES_CHANNEL,
     UNIQUE_SCOPES,
-    NOTIFY_CHANNEL,
-    PROJECTS_CHANNEL,
     ClaimedJob,
     DuplicateJobError,
     Enqueued,
@@ -59,19 +73,6 @@ from scrapyd_pgqueue.store.base import (
     JobOptions,
     JobRow,
     local_time,
-)
-from scrapyd_pgqueue.store.all_jobs import (
-    MAX_PENDING_OFFSET,
-    PENDING_COUNT_CAP,
-    CancelRequest,
-    AllJobsStore,
-    ClusterCounts,
-    FinishedJobRow,
-    PendingJob,
-    RunningJob,
-    StoredLog,
-    cancel_signal,
-    signal_number,
 )
 from scrapyd_pgqueue.store.eggs import EggStore
 from scrapyd_pgqueue.store.finishing import WatchdogLimits
@@ -84,8 +85,8 @@ from scrapyd_pgqueue.store.schedules import (
     OVERLAP,
     PERIODIC_CHANNEL,
     DuplicateScheduleError,
-    Firing,
     FiredJob,
+    Firing,
     PeriodicJob,
     PeriodicJobRow,
     ScheduleNotFoundError,
@@ -95,7 +96,6 @@ from scrapyd_pgqueue.store.schedules import (
 from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 from scrapyd_pgqueue.store.trees import TreeView
 from scrapyd_pgqueue.store.webhooks import WebhookNotFoundError, WebhookStore
-
 
 __all__ = [
     # channels and limits

@@ -5,7 +5,7 @@ SQLAlchemy costs a process about 12 MB, most of an idle node's memory over stock
 passed our text statements on to the driver. The statements keep SQLAlchemy's ``text()`` spelling (``:name``
 parameters, ``\\:`` for a colon), so a query reads the same in the store, in the migrations and in a psql session;
 the results offer the part of SQLAlchemy's ``Result`` that the store uses. SQLAlchemy and Alembic stay for the
-schema (``migrations/models.py``, the migrations), imported only when the schema needs a migration.
+migrations (the schema they leave is ``schema.sql``), imported only when the schema needs a migration.
 """
 
 from __future__ import annotations

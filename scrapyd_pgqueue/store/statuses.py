@@ -1,4 +1,4 @@
-"""A job's statuses and outcomes: names the node's idle path needs without the ORM models (``migrations/models.py``)."""
+"""A job's statuses and outcomes: the names spider_job's status and outcome checks allow (``schema.sql``)."""
 
 # A delayed job waits for its run_at (_run_at, _delay, a retry's backoff); the API shows it as pending.
 DELAYED, PENDING, ONGOING, TERMINATED = "delayed", "pending", "ongoing", "terminated"
