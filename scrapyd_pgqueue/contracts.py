@@ -12,9 +12,8 @@ Only ``zope.interface`` and Scrapyd's interfaces are imported: the crawl process
 
 from __future__ import annotations
 
-from zope.interface import Attribute, Interface
-
 from scrapyd.interfaces import IEggStorage, IJobStorage, IPoller
+from zope.interface import Attribute, Interface
 
 
 class IClaimingPoller(IPoller):

@@ -36,6 +36,8 @@ from scrapyd_pgqueue.crawl_process.crawl_node import (  # noqa: F401 - the API's
     JOB_VARIABLE,
     NodeUnavailableError,
     NotInACrawlError,
+)
+from scrapyd_pgqueue.crawl_process.crawl_node import (
     scheduler as _scheduler,
 )
 

@@ -22,7 +22,6 @@ from scrapyd_pgqueue.crawl_process import launch, stats_extension  # noqa: E402
 from scrapyd_pgqueue.one_line_config import OneLineConfig  # noqa: E402
 
 
-
 def main():
     launch.enter(launch.read_launch())
     scrapyd_runner.Config = OneLineConfig  # project_environment() builds its egg storage from Config()

@@ -13,15 +13,15 @@ import os
 import uuid
 from pathlib import Path
 
-from psycopg2 import sql
 import pytest
+from psycopg2 import sql
 from sqlalchemy import make_url
 
+from helpers import SECRET, accepting, chromium, connect, database_with_secret_owner
 from scrapyd_pgqueue import cli
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
 from scrapyd_pgqueue.store import JobStore
-from helpers import SECRET, accepting, chromium, connect, database_with_secret_owner
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,10 @@ import time
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.migrations.models import FAILED, LOST
-from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobOptions
 from helpers import COMMAND, finish, heard, query, run, run_json, skewed_clock
+from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobOptions
+from scrapyd_pgqueue.store.statuses import FAILED, LOST
+
 
 def notifications(connection, timeout=10):
     received = heard(connection, timeout)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scrapyd_pgqueue import cli
 from helpers import query
+from scrapyd_pgqueue import cli
 
 
 def test_route_set_list_remove_and_what_it_sends_where(command, store, database_url):

@@ -11,9 +11,8 @@ import json
 import pytest
 import requests
 
-from scrapyd_pgqueue import cli
 from helpers import ends, query, runs, wait_for
-
+from scrapyd_pgqueue import cli
 
 # --- periodic ----------------------------------------------------------------------------------------------------
 

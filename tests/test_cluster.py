@@ -12,8 +12,8 @@ import itertools
 import json
 from pathlib import Path
 
-from scrapyd_pgqueue.local.cluster import LocalCluster
 from helpers import wait_for
+from scrapyd_pgqueue.local.cluster import LocalCluster
 
 NODES = 3
 MAX_PROC = 2

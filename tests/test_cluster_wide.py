@@ -26,8 +26,8 @@ import pytest
 from scrapyd_api import ScrapydAPI
 from scrapyd_client.pyclient import ScrapydClient
 
-from scrapyd_pgqueue.local.cluster import LocalCluster
 from helpers import query, runs_of, skewed_clock, wait_for
+from scrapyd_pgqueue.local.cluster import LocalCluster
 
 NODES = 3
 BIN = Path(sys.executable).parent

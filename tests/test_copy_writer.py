@@ -12,9 +12,9 @@ import time
 import requests
 from sqlalchemy import make_url
 
+from helpers import SECRET, ConnectionSampler, query, wait_for
 from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS, LEFT_IDLE, CopyWriter
 from scrapyd_pgqueue.store import NO_OPTIONS, db
-from helpers import SECRET, ConnectionSampler, query, wait_for
 
 QUIET = {"poll_interval": "3600", "listen_notify": "off"}  # the node claims nothing: every job stays pending
 BIG = COPY_MIN_JOBS + 50

@@ -16,10 +16,10 @@ import textwrap
 
 import pytest
 
+from helpers import crawl_api_server, query
 from scrapyd_pgqueue import cli, crawl
 from scrapyd_pgqueue.crawl_process import crawl_node
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
-from helpers import crawl_api_server, query
 
 
 def running_root(database_url) -> int:

@@ -19,10 +19,10 @@ import pytest
 from sqlalchemy import make_url
 
 from conftest import FAST
+from helpers import SYSTEM_PYTHON, jobs, unprivileged_path, wait_for
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG, ScrapydNode
 from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
-from helpers import SYSTEM_PYTHON, jobs, unprivileged_path, wait_for
 
 NOBODY = 65534
 DATABASE_PASSWORD = "db-s3cret-keys-pw"

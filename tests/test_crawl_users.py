@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import make_url
 
 from conftest import FAST
+from helpers import SYSTEM_PYTHON, children_of, jobs, query, spawner_pid, unprivileged_path, wait_for
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG, ScrapydNode
 from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS
-from helpers import SYSTEM_PYTHON, children_of, jobs, query, spawner_pid, unprivileged_path, wait_for
 
 PROJECTS_CONFIG = NODE_CONFIG.read_text().rstrip("\n") + (
     "\nintruder = example.intruder_settings\nvictim = example.intruder_settings\n")

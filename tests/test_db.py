@@ -14,20 +14,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg2
-
 import pytest
 from scrapyd.config import Config
-
 from sqlalchemy import make_url
 
+from helpers import node_role, query, wait_for
 from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.config import ConfigurationError
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.node import notifications
-from scrapyd_pgqueue.config import ConfigurationError
-from scrapyd_pgqueue.store import AllJobsStore, JobStore
-from helpers import node_role, query, wait_for
+from scrapyd_pgqueue.store import AllJobsStore, JobStore, db
 
 
 def connections_to(admin_connection):

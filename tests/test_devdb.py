@@ -12,8 +12,8 @@ import psycopg2
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.local import devdb
 from helpers import connect, query
+from scrapyd_pgqueue.local import devdb
 
 
 def test_a_query_through_pgbouncer_reads_what_was_written_directly(database_url, pgbouncer_database_url, pgbouncer):

@@ -27,16 +27,16 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from configparser import ConfigParser
 from collections.abc import Iterator
+from configparser import ConfigParser
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers import SYSTEM_PYTHON, children_of, image_pinned, wait_for
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.devdb import free_port
-from helpers import SYSTEM_PYTHON, children_of, image_pinned, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPOSITORY / "Dockerfile"

@@ -21,10 +21,10 @@ from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
 from scrapyd.interfaces import IEggStorage
 from zope.interface.verify import verifyObject
 
+from helpers import node_role, query, runs_of, wait_for
 from scrapyd_pgqueue import PostgresEggStorage
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT
 from scrapyd_pgqueue.store import PROJECTS_CHANNEL, JobStore
-from helpers import node_role, query, runs_of, wait_for
 
 
 @pytest.fixture(scope="module")

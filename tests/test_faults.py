@@ -11,9 +11,8 @@ from __future__ import annotations
 import datetime
 import time
 
-from scrapyd_pgqueue.store import JobStore
 from helpers import SECRET, claim_in_processes, jobs, query, runs, runs_of, schedule, timed, wait_for
-
+from scrapyd_pgqueue.store import JobStore
 
 # --- faults -----------------------------------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.store import db
 from helpers import image_pinned, jobs, query, runs, runs_of, schedule, wait_for
+from scrapyd_pgqueue.store import db
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CHART = REPOSITORY / "deploy" / "helm" / "scrapyd-pgqueue"

@@ -8,8 +8,8 @@ import json
 import math
 
 from scrapyd_pgqueue.crawl_process.job_stats import MAX_LINE_BYTES, json_safe, stats_summary
-from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
+from scrapyd_pgqueue.web import metrics
 
 
 def line(event, stats, **extra) -> bytes:

@@ -7,13 +7,13 @@ import uuid
 
 import pytest
 from scrapyd.config import Config
+from scrapyd.interfaces import IJobStorage
 from scrapyd.launcher import ScrapyProcessProtocol
 from zope.interface.verify import verifyObject
 
-from scrapyd.interfaces import IJobStorage
+from helpers import jobs, node_role, schedule, wait_for
 from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue
 from scrapyd_pgqueue.store import JobStore
-from helpers import jobs, node_role, schedule, wait_for
 
 
 def finished_process(project, spider, job, minutes_ago=0, env=None):

@@ -11,11 +11,11 @@ import json
 import threading
 import time
 
+from helpers import ConnectionSampler, connect, jobs, query, runs_of, schedule, wait_for
 from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
-from helpers import ConnectionSampler, connect, jobs, query, runs_of, schedule, wait_for
+from scrapyd_pgqueue.store.sql import text
 
 NOW = datetime.datetime.now
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers import query, runs, wait_for
 from scrapyd_pgqueue import cli
-from scrapyd_pgqueue.store.job_requests import RefusedJob, periodic_job
 from scrapyd_pgqueue.node.periodic import MAX_SLEEP, MIN_SLEEP, PeriodicFirer
 from scrapyd_pgqueue.store import (
     InvalidScheduleError,
@@ -26,7 +26,7 @@ from scrapyd_pgqueue.store import (
     check_timing,
     first_due_after,
 )
-from helpers import query, runs, wait_for
+from scrapyd_pgqueue.store.job_requests import RefusedJob, periodic_job
 
 UTC = datetime.timezone.utc
 

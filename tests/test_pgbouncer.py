@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.local import devdb
 from helpers import ConnectionSampler, database_with_secret_owner, jobs, query, runs, runs_of, schedule, timed, wait_for
+from scrapyd_pgqueue.local import devdb
 
 FAST = {"max_proc": "2", "poll_interval": "1", "heartbeat_interval": "1", "lease_seconds": "5",
         "finished_to_keep": "1000"}

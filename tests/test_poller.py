@@ -2,8 +2,8 @@
 
 import contextlib
 
-from scrapyd_pgqueue.store import NOTIFY_CHANNEL
 from helpers import connect, heard, query, runs_of, schedule, wait_for
+from scrapyd_pgqueue.store import NOTIFY_CHANNEL
 
 
 def wants_work(admin_url, node) -> list:

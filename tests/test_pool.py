@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
+from helpers import query, wait_for
 from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.store.pool import Engine, PoolTimeout
 from scrapyd_pgqueue.store.sql import IntegrityError
-from helpers import query, wait_for
 
 
 @pytest.fixture

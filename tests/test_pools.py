@@ -11,8 +11,8 @@ import json
 
 import requests
 
-from scrapyd_pgqueue import cli
 from helpers import query, runs, wait_for
+from scrapyd_pgqueue import cli
 
 # One slot a node: each claim takes one job, so a node's start times (written when its crawl starts) are its claim
 # order. With two, the two crawls of one claim start in either order.

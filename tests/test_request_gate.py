@@ -17,11 +17,11 @@ from scrapyd_api import ScrapydAPI
 from scrapyd_client.pyclient import ScrapydClient
 from twisted.web.http_headers import Headers
 
+from helpers import database_with_secret_owner, query
 from scrapyd_pgqueue.config import ConfigurationError
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.web.request_gate import Credentials, basic_pair, is_own_origin, refusal
 from scrapyd_pgqueue.web.page import POLICY
-from helpers import database_with_secret_owner, query
+from scrapyd_pgqueue.web.request_gate import Credentials, basic_pair, is_own_origin, refusal
 
 FULL = ("operator", "full-s3cret")
 READ_ONLY = ("viewer", "read-s3cret")

@@ -14,9 +14,9 @@ import pytest
 import requests
 from scrapyd.config import Config
 
-from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.config import ConfigurationError, settings
 from helpers import database_with_secret_owner, query
+from scrapyd_pgqueue.config import ConfigurationError, settings
+from scrapyd_pgqueue.local.cluster import LocalCluster
 
 MAX_REQUEST_BYTES = 65536
 MAX_EGG_BYTES = 1024 * 1024

@@ -10,9 +10,8 @@ import psycopg2
 import pytest
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store import JobStore, OverviewStore
 from helpers import connect, node_role, query
+from scrapyd_pgqueue.store import JobStore, OverviewStore, db
 
 WANTED = "SELECT scrapyd_pgqueue_wanted_nodes(%s)"
 

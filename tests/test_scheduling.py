@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from scrapyd_pgqueue import cli
-from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, options_from_fields, parse_run_at
-from scrapyd_pgqueue.migrations.models import FAILED
-from scrapyd_pgqueue.store import AllJobsStore, DuplicateJobError, JobOptions, JobStore
 from helpers import jobs, query, runs_of, schedule, wait_for
+from scrapyd_pgqueue import cli
+from scrapyd_pgqueue.store import AllJobsStore, DuplicateJobError, JobOptions, JobStore
+from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, options_from_fields, parse_run_at
+from scrapyd_pgqueue.store.statuses import FAILED
 
 # --- what a client may ask (pure functions) ----------------------------------------------------------------------
 

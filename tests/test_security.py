@@ -19,11 +19,10 @@ import pytest
 import requests
 from sqlalchemy import make_url
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store import roles as roles_module
-from scrapyd_pgqueue.local.cluster import NODE_CONFIG, LocalCluster
-from scrapyd_pgqueue.store import JobStore
 from helpers import connect, ends, jobs, query, schedule, wait_for
+from scrapyd_pgqueue.local.cluster import NODE_CONFIG, LocalCluster
+from scrapyd_pgqueue.store import JobStore, db
+from scrapyd_pgqueue.store import roles as roles_module
 
 PASSWORD = "node-s3cret-pw"
 COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")

@@ -1,9 +1,9 @@
 """PostgresSpiderQueue behaves like Scrapyd's SqliteSpiderQueue, over a real Postgres."""
 
 import pytest
+from scrapyd.interfaces import ISpiderQueue
 from zope.interface.verify import verifyObject
 
-from scrapyd.interfaces import ISpiderQueue
 from scrapyd_pgqueue import PostgresSpiderQueue
 from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
 

@@ -18,11 +18,10 @@ import time
 
 import pytest
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.local.devdb import free_port
-from scrapyd_pgqueue.store import AllJobsStore, JobStore
-from scrapyd_pgqueue.web.offload import WEB_THREADS
 from helpers import health, jobs, query, runs, runs_of, schedule, timed, wait_for
+from scrapyd_pgqueue.local.devdb import free_port
+from scrapyd_pgqueue.store import AllJobsStore, JobStore, db
+from scrapyd_pgqueue.web.offload import WEB_THREADS
 
 # Short leases and timings, so that a stall or cut of two leases takes seconds: with a lease of 6 s, stop sends
 # SIGTERM after 6 - 2 - 1 = 3 s without a renewed lease, SIGKILL 1 s later, 2 s before the lease expires on the

@@ -1,7 +1,7 @@
 """Enqueues wake idle nodes with one NOTIFY, an empty payload, and only while some node wants work."""
 
-from scrapyd_pgqueue.store import NOTIFY_CHANNEL, JobStore
 from helpers import heard
+from scrapyd_pgqueue.store import NOTIFY_CHANNEL, JobStore
 
 
 def test_a_batch_sends_one_empty_notify_while_a_node_wants_work_and_none_once_every_node_is_busy(

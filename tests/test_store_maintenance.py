@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
+from helpers import node_role, query, wait_for
 from scrapyd_pgqueue.store import JobStore, QueueMaintenance
 from scrapyd_pgqueue.store.maintenance import MIN_DEAD_ROWS
-from helpers import node_role, query, wait_for
 
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = 'spider_job'"
 

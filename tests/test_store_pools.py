@@ -7,10 +7,10 @@ import collections
 
 import pytest
 
-from scrapyd_pgqueue.store import JobOptions
-from scrapyd_pgqueue.config import InvalidTagsError, parse_tags, pool_key
-from scrapyd_pgqueue.store.pools import PoolStore
 from helpers import claim_in_processes, query
+from scrapyd_pgqueue.config import InvalidTagsError, parse_tags, pool_key
+from scrapyd_pgqueue.store import JobOptions
+from scrapyd_pgqueue.store.pools import PoolStore
 
 
 def enqueue(store, job, priority=0.0, tags=None, spider="s"):

@@ -2,10 +2,9 @@
 
 import datetime
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.sql import text
-from scrapyd_pgqueue.store import JobStore
 from helpers import claim_in_processes
+from scrapyd_pgqueue.store import JobStore, db
+from scrapyd_pgqueue.store.sql import text
 
 CLAIMERS = 8
 JOBS = 5000

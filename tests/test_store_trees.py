@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from scrapyd_pgqueue.migrations.models import FAILED
-from scrapyd_pgqueue.store import AllJobsStore, InvalidJobError, JobOptions, JobStore
 from helpers import connect, query, wait_for
+from scrapyd_pgqueue.store import AllJobsStore, InvalidJobError, JobOptions, JobStore
+from scrapyd_pgqueue.store.statuses import FAILED
 
 
 def claim_all(store, worker="w"):

@@ -18,9 +18,9 @@ import time
 
 import requests
 
+from helpers import CLAIM_AT_START_ONLY, SiteServer, connect, ends, generate_site, query, runs, wait_for
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG
 from scrapyd_pgqueue.store import TREES_CHANNEL
-from helpers import CLAIM_AT_START_ONLY, SiteServer, connect, ends, generate_site, query, runs, wait_for
 
 # The example project's scrapyd.cfg, with the trees project baked in next to example.
 BASE_CONFIG = NODE_CONFIG.read_text().rstrip("\n") + "\ntrees = example.tree_settings\n"

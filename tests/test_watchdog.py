@@ -15,11 +15,11 @@ import urllib.request
 
 import pytest
 
+from helpers import ends, jobs, query, runs_of, schedule, wait_for
 from scrapyd_pgqueue import cli
 from scrapyd_pgqueue.config import ConfigurationError, settings
-from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, options_from_fields
 from scrapyd_pgqueue.node.watchdog import CHECK_INTERVAL
-from helpers import ends, jobs, query, runs_of, schedule, wait_for
+from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, options_from_fields
 
 # Seconds a crawl asked to stop has before it is SIGKILLed, in these tests.
 CANCEL_TIMEOUT = 5

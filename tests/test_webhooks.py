@@ -19,10 +19,10 @@ import urllib.request
 
 import pytest
 
+from helpers import WebhookReceiver, finish, query, run, run_json, schedule, wait_for
 from scrapyd_pgqueue.node.webhooks import event_body, retry_delay, slack_text
 from scrapyd_pgqueue.store import AllJobsStore, JobOptions, ScheduleStore
 from scrapyd_pgqueue.store.webhooks import Attempt, WebhookStore
-from helpers import WebhookReceiver, finish, query, run, run_json, schedule, wait_for
 
 FAILED_JOBS = int(os.environ.get("SCRAPYD_PGQUEUE_WEBHOOK_JOBS", "200"))
 OUTAGE_SECONDS = float(os.environ.get("SCRAPYD_PGQUEUE_WEBHOOK_OUTAGE", "60"))

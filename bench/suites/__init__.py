@@ -16,7 +16,19 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from bench.suites import (
-    bulk, churn, crawlstart, delayed, depth, idle, idlenode, notify, scale, throughput, tickstats, wakeup, warmstart,
+    bulk,
+    churn,
+    crawlstart,
+    delayed,
+    depth,
+    idle,
+    idlenode,
+    notify,
+    scale,
+    throughput,
+    tickstats,
+    wakeup,
+    warmstart,
 )
 
 

@@ -74,9 +74,9 @@ def _interrupt(signum, frame):
 
 def run_cluster(args: argparse.Namespace) -> int:
     """Start N Scrapyd nodes on loopback (and a throwaway Postgres when no URL is given) until Ctrl-C."""
-    from scrapyd_pgqueue.store import db
     from scrapyd_pgqueue.local import devdb
     from scrapyd_pgqueue.local.cluster import LocalCluster
+    from scrapyd_pgqueue.store import db
 
     # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored, and Python keeps it ignored.
     signal.signal(signal.SIGINT, _interrupt)

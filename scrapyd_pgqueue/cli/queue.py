@@ -251,9 +251,8 @@ def run_enqueue(args) -> int:
 
     from tqdm import tqdm
 
-    from scrapyd_pgqueue.store import waits
+    from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore, waits
     from scrapyd_pgqueue.store.job_requests import RefusedJob
-    from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
 
     waits.wait_without_deadlines()  # COPY; the only database thread is this one
     store = JobStore.for_url(args.database_url)

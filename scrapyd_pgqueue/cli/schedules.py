@@ -92,8 +92,8 @@ def _schedule(row) -> str:
 
 
 def run_add(args) -> int:
-    from scrapyd_pgqueue.store.job_requests import RefusedJob
     from scrapyd_pgqueue.store import DuplicateScheduleError, InvalidScheduleError
+    from scrapyd_pgqueue.store.job_requests import RefusedJob
 
     try:
         job = periodic_job(

@@ -6,8 +6,8 @@ what ``tree.json`` answers (``answers.tree_answer``, shared with the web service
 
 from __future__ import annotations
 
-from scrapyd_pgqueue.services.answers import FAILURES_SHOWN, find_tree, tree_answer
 from scrapyd_pgqueue.cli.output import all_jobs_store, fail, print_json, resolve_project, table, when
+from scrapyd_pgqueue.services.answers import FAILURES_SHOWN, find_tree, tree_answer
 
 TREE_HELP = "show a crawl tree: its jobs by state and outcome, whether it is done, its newest failures"
 

@@ -26,11 +26,11 @@ import threading
 from io import BytesIO
 from typing import NamedTuple
 
+from scrapyd.eggstorage import sorted_versions
+from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from scrapyd.eggstorage import sorted_versions
-from scrapyd.exceptions import EggNotFoundError, ProjectNotFoundError
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IEggFiles

@@ -13,11 +13,10 @@ import os
 from contextlib import suppress
 from urllib.parse import urlsplit
 
-from zope.interface import implementer
-
 from scrapyd.environ import Environment
 from scrapyd.interfaces import IEnvironment
 from scrapyd.utils import get_file_path, local_items
+from zope.interface import implementer
 
 
 def local_items_dir(items_dir: str) -> str:

@@ -13,17 +13,17 @@ import datetime
 import time
 from dataclasses import dataclass, field
 
+from scrapyd.exceptions import DirectoryTraversalError
+from scrapyd.utils import get_file_path
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from scrapyd.exceptions import DirectoryTraversalError
-from scrapyd.utils import get_file_path
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import IRecordingJobStorage
-from scrapyd_pgqueue.web.log_files import read_log_tail
-from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store import AllJobsStore, JobStore, QueueMaintenance, local_time
+from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.web.log_files import read_log_tail
 
 log = Logger()
 

@@ -29,13 +29,13 @@ import os
 import socket
 import uuid
 
+from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller, ISpiderScheduler
+from scrapyd.launcher import Launcher, get_crawl_args
 from twisted.application.internet import TimerService
 from twisted.internet import defer, error, reactor, task, threads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from scrapyd.interfaces import IEggStorage, IEnvironment, IPoller, ISpiderScheduler
-from scrapyd.launcher import Launcher, get_crawl_args
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.components.eggstorage import EggRefused
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
@@ -43,19 +43,19 @@ from scrapyd_pgqueue.contracts import IClaimingPoller, IEggFiles
 from scrapyd_pgqueue.crawl_process import launch
 from scrapyd_pgqueue.crawl_process.crawl_node import JOB_VARIABLE
 from scrapyd_pgqueue.crawl_process.job_stats import INTERVAL_VARIABLE, STATS_FD
-from scrapyd_pgqueue.store.statuses import FAILED, PENDING
-from scrapyd_pgqueue.web import metrics
+from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.node.crawl_api import SOCKET_DIRECTORY, CrawlApi
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment, node_secrets
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 from scrapyd_pgqueue.node.crawls import NodeCrawls, PostgresProcessProtocol
 from scrapyd_pgqueue.node.events import ClusterEvents
-from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.node.leases import LeaseKeeper, LeaseWatch
 from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.node.watchdog import Watchdog
 from scrapyd_pgqueue.node.webhooks import WebhookSender
 from scrapyd_pgqueue.store import JobStore, WatchdogLimits
+from scrapyd_pgqueue.store.statuses import FAILED, PENDING
+from scrapyd_pgqueue.web import metrics
 
 log = Logger()
 

@@ -9,19 +9,19 @@ one is due, and the poller claims again then (the claim makes them pending; the 
 
 from __future__ import annotations
 
+from scrapyd.utils import get_spider_queues
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from scrapyd.utils import get_spider_queues
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import IClaimingPoller
-from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.node.periodic import PeriodicFirer
 from scrapyd_pgqueue.store import NOTIFY_CHANNEL, Claim, ClaimedJob, JobStore
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.web import metrics
 
 log = Logger()
 

@@ -1,13 +1,12 @@
 """ISpiderQueue over the shared ``spider_job`` table: a few lines over the store, like Scrapyd's own."""
 
+from scrapyd.interfaces import ISpiderQueue
 from zope.interface import implementer
 
-from scrapyd.interfaces import ISpiderQueue
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.store import roles
 from scrapyd_pgqueue.application import warn_half_configuration
+from scrapyd_pgqueue.store import JobStore, roles
 from scrapyd_pgqueue.store.job_requests import OPTION_FIELDS, options_from_fields
-from scrapyd_pgqueue.store import JobStore
 
 
 @implementer(ISpiderQueue)

@@ -13,7 +13,10 @@ import dataclasses
 import os
 import threading
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the crawl API's type, which imports this module
+    from scrapyd_pgqueue.crawl import FollowUp
 
 # The crawl's job id, as the node's launcher gives it.
 JOB_VARIABLE = "SCRAPY_JOB"

@@ -17,7 +17,15 @@ import stat
 import time
 
 from scrapyd_pgqueue.crawl_process.job_stats import (
-    COUNTS_SECONDS, FINISH_REASON, INTERVAL_VARIABLE, ITEMS, MAX_LINE_BYTES, REQUESTS, RESPONSES, STATS_FD, json_safe,
+    COUNTS_SECONDS,
+    FINISH_REASON,
+    INTERVAL_VARIABLE,
+    ITEMS,
+    MAX_LINE_BYTES,
+    REQUESTS,
+    RESPONSES,
+    STATS_FD,
+    json_safe,
     summary_only,
 )
 

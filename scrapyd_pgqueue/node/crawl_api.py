@@ -29,11 +29,18 @@ from twisted.internet import reactor
 from twisted.logger import Logger
 from twisted.web import resource, server
 
+from scrapyd_pgqueue.crawl_process.crawl_node import (
+    BEARER,
+    EXISTING,
+    INDEX,
+    JOB,
+    JOBS,
+    SCHEDULE_PATH,
+    TCP,
+    UNIX,
+)
 from scrapyd_pgqueue.node import copy_writer
 from scrapyd_pgqueue.web import offload
-from scrapyd_pgqueue.crawl_process.crawl_node import (
-    BEARER, EXISTING, INDEX, JOB, JOBS, SCHEDULE_PATH, TCP, UNIX,
-)
 from scrapyd_pgqueue.web.request_gate import Credentials
 from scrapyd_pgqueue.web.request_limits import bounded_request_class
 
@@ -158,8 +165,8 @@ class CrawlApi(resource.Resource):
 
     def schedule(self, scope: CrawlScope, objects: list) -> dict:
         """Thread: check and store the jobs of one crawl's request, in its scope."""
-        from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json
         from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
+        from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json
 
         requests = []
         for index, job in enumerate(objects):

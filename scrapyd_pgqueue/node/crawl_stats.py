@@ -28,10 +28,16 @@ from typing import Any
 from twisted.logger import Logger
 
 from scrapyd_pgqueue.crawl_process.job_stats import (
-    ERROR_COUNTS, FINISH_REASON, ITEMS, MAX_LINE_BYTES, REQUESTS, RESPONSES, SUMMARY_KEYS,
+    ERROR_COUNTS,
+    FINISH_REASON,
+    ITEMS,
+    MAX_LINE_BYTES,
+    REQUESTS,
+    RESPONSES,
+    SUMMARY_KEYS,
 )
-from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.web import metrics
 
 log = Logger()
 trouble = ThrottledLog(lambda message: log.warn("{message}", message=message))

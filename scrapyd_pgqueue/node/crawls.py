@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import time
 
+from scrapyd.launcher import ScrapyProcessProtocol
 from twisted.internet import error, threads
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from scrapyd.launcher import ScrapyProcessProtocol
 from scrapyd_pgqueue.contracts import IClaimingPoller, INodeCrawls, IRecordingJobStorage
 from scrapyd_pgqueue.crawl_process.job_stats import STATS_FD
-from scrapyd_pgqueue.web import metrics
-from scrapyd_pgqueue.store.statuses import CANCELLED, FAILED, FINISHED
 from scrapyd_pgqueue.store import WatchdogLimits
+from scrapyd_pgqueue.store.statuses import CANCELLED, FAILED, FINISHED
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.web import metrics
 
 log = Logger()
 

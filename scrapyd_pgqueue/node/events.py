@@ -13,16 +13,21 @@ from __future__ import annotations
 import json
 import time
 
+from scrapyd.webservice import spider_list
 from twisted.internet import error, reactor, threads
 from twisted.logger import Logger
 
-from scrapyd.webservice import spider_list
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import IEggFiles, INodeCrawls
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.store import (
-    CANCEL_CHANNEL, PROJECTS_CHANNEL, CancelRequest, AllJobsStore, EggStore, signal_number,
+    CANCEL_CHANNEL,
+    PROJECTS_CHANNEL,
+    AllJobsStore,
+    CancelRequest,
+    EggStore,
+    signal_number,
 )
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 

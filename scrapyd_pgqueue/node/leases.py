@@ -23,10 +23,9 @@ from twisted.internet import reactor
 from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.contracts import INodeCrawls
 from scrapyd_pgqueue.node import crawl_stats
-from scrapyd_pgqueue.store import JobStore
+from scrapyd_pgqueue.store import JobStore, db
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()

@@ -16,8 +16,8 @@ from scrapyd.interfaces import IEggStorage, IEnvironment
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IEggFiles
 from scrapyd_pgqueue.crawl_process import launch
-from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE, VERSION_VARIABLE
+from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 

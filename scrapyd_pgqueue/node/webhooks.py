@@ -21,16 +21,16 @@ import random
 import threading
 import urllib.error
 import urllib.request
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.web import metrics
-from scrapyd_pgqueue.store.webhooks import JOB_EVENTS, Attempt, DueEvent, WebhookStore
 from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.webhooks import JOB_EVENTS, Attempt, DueEvent, WebhookStore
+from scrapyd_pgqueue.web import metrics
 
 log = Logger()
 

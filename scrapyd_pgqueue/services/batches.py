@@ -10,6 +10,7 @@ helper if it is big, else by the node's one statement.
 from __future__ import annotations
 
 from scrapyd.webservice import spider_list
+
 from scrapyd_pgqueue.node import copy_writer
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore

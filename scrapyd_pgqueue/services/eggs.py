@@ -5,6 +5,7 @@ database would freeze every request of the node. Same parameters, checks and ans
 from __future__ import annotations
 
 from scrapyd import webservice
+
 from scrapyd_pgqueue.web.offload import OffTheReactor
 
 

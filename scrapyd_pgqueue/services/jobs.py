@@ -14,27 +14,16 @@ import functools
 import uuid
 from urllib.parse import quote, urljoin
 
-from twisted.internet import defer
-from twisted.logger import Logger
-from twisted.web import error, http, resource, server, static
-
 from scrapyd.exceptions import DirectoryTraversalError
 from scrapyd.utils import get_file_path
 from scrapyd.webservice import WsResource, param, spider_list
 from scrapyd.website import File
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.web import error, http, resource, server, static
+
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.web import offload
-from scrapyd_pgqueue.store.db import DatabaseError
-from scrapyd_pgqueue.store.job_requests import (
-    OPTION_FIELDS,
-    RefusedJob,
-    check_form,
-    options_from_fields,
-)
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.web.log_files import is_inside, open_log
-from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.services.resource import DatabaseService, node_root, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
@@ -45,9 +34,19 @@ from scrapyd_pgqueue.store import (
     InvalidJobError,
     JobStore,
     cancel_signal,
+    db,
     local_time,
 )
+from scrapyd_pgqueue.store.db import DatabaseError
+from scrapyd_pgqueue.store.job_requests import (
+    OPTION_FIELDS,
+    RefusedJob,
+    check_form,
+    options_from_fields,
+)
 from scrapyd_pgqueue.store.pools import PoolStore
+from scrapyd_pgqueue.web import metrics, offload
+from scrapyd_pgqueue.web.log_files import is_inside, open_log
 from scrapyd_pgqueue.web.stored_logs import clamp_suffix_ranges, render_stored_log
 
 log = Logger()

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import functools
 
+from scrapyd.webservice import WsResource
 from twisted.web import error, http, resource
 from zope.interface import implementer
 
-from scrapyd.webservice import WsResource
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.web import offload
 from scrapyd_pgqueue.contracts import INodeRoot
-from scrapyd_pgqueue.store.db import DatabaseError
 from scrapyd_pgqueue.store import AllJobsStore
+from scrapyd_pgqueue.store.db import DatabaseError
+from scrapyd_pgqueue.web import offload
 
 
 @implementer(INodeRoot)

@@ -14,7 +14,7 @@ import datetime
 import functools
 
 from scrapyd.webservice import param, spider_list
-from scrapyd_pgqueue.store.job_requests import RefusedJob, periodic_job
+
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.store import (
     DuplicateScheduleError,
@@ -23,6 +23,7 @@ from scrapyd_pgqueue.store import (
     ScheduleNotFoundError,
     ScheduleStore,
 )
+from scrapyd_pgqueue.store.job_requests import RefusedJob, periodic_job
 
 
 class ScheduleResource(DatabaseService):

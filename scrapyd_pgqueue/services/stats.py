@@ -9,6 +9,7 @@ like the other services.
 from __future__ import annotations
 
 from scrapyd.webservice import param
+
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 
 

@@ -8,9 +8,9 @@ newest failures (``failures=N``, default 10). Installed through ``[services]`` l
 
 from __future__ import annotations
 
+from scrapyd.webservice import param
 from twisted.web import error, http
 
-from scrapyd.webservice import param
 from scrapyd_pgqueue.services.answers import FAILURES_SHOWN, find_tree, tree_answer
 from scrapyd_pgqueue.services.resource import DatabaseService
 

@@ -10,9 +10,9 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.config import pool_tags
 from scrapyd_pgqueue.crawl_process.job_stats import SUMMARY_KEYS
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     IN_TIME,
@@ -23,8 +23,8 @@ from scrapyd_pgqueue.store.base import (
     read_rows,
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
-from scrapyd_pgqueue.config import pool_tags
 from scrapyd_pgqueue.store.pools import UNROUTABLE_POOLS_SQL
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.trees import TreeQueries
 from scrapyd_pgqueue.store.webhooks import job_events
 

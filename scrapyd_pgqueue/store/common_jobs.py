@@ -14,6 +14,7 @@ import uuid
 
 import msgspec
 
+from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, JobOptions
 from scrapyd_pgqueue.store.job_requests import (
     MAX_DELAY_SECONDS,
     SCHEDULE_PARAMETERS,
@@ -27,7 +28,6 @@ from scrapyd_pgqueue.store.job_requests import (
     job_from_json,
     parse_json,
 )
-from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, JobOptions
 
 # Priorities the fast path takes: decoded as a float, an integer beyond 2 ** 52 may have been rounded before the
 # priority rule saw it (the general path sees the integer itself).

@@ -7,8 +7,8 @@ import zlib
 from typing import NamedTuple
 
 from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, StorePerEngine, database_errors
+from scrapyd_pgqueue.store.sql import text
 
 # --- eggs ---
 

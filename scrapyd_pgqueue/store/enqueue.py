@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
+from scrapyd_pgqueue.config import pool_key
 from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     ERROR,
     NO_OPTIONS,
@@ -26,7 +26,7 @@ from scrapyd_pgqueue.store.base import (
     check_priority,
     encode_message,
 )
-from scrapyd_pgqueue.config import pool_key
+from scrapyd_pgqueue.store.sql import IntegrityError, text
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

@@ -9,9 +9,6 @@ import json
 from dataclasses import dataclass
 
 from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
-from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,
     ClaimedJob,
@@ -20,6 +17,9 @@ from scrapyd_pgqueue.store.base import (
     on_database_clock,
     read_rows,
 )
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store.webhooks import job_events
 
 # --- queries ---------------------------------------------------------------------------------------------------

@@ -11,8 +11,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import DriverError, text
 from scrapyd_pgqueue.store.all_jobs import CancelRequest
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,
@@ -22,6 +20,8 @@ from scrapyd_pgqueue.store.base import (
     database_errors,
     on_database_clock,
 )
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import DriverError, text
 from scrapyd_pgqueue.store.webhooks import WEBHOOKS_DUE_IN, job_events
 
 

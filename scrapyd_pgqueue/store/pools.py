@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from scrapyd_pgqueue.config import pool_key, pool_tags
 from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import StorePerEngine, check_name, database_errors
-
+from scrapyd_pgqueue.store.sql import text
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

@@ -10,10 +10,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from scrapyd_pgqueue.store import db, waits
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
-from scrapyd_pgqueue.store import enqueue, staging, trees
+from scrapyd_pgqueue.store import db, enqueue, staging, trees, waits
 from scrapyd_pgqueue.store.base import (
     ERROR,
     NO_OPTIONS,
@@ -26,6 +23,8 @@ from scrapyd_pgqueue.store.base import (
 )
 from scrapyd_pgqueue.store.finishing import JobEnds
 from scrapyd_pgqueue.store.nodes import NodeLeases
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import text
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

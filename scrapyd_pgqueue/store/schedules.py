@@ -14,9 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.sql import IntegrityError, text
-from scrapyd_pgqueue.store import enqueue
+from scrapyd_pgqueue.config import pool_key, pool_tags
+from scrapyd_pgqueue.store import db, enqueue
 from scrapyd_pgqueue.store.base import (
     NOTIFY_CHANNEL,
     InvalidJobError,
@@ -28,14 +27,14 @@ from scrapyd_pgqueue.store.base import (
     encode_message,
     read_rows,
 )
-from scrapyd_pgqueue.config import pool_key, pool_tags
-from scrapyd_pgqueue.store.webhooks import periodic_skipped_events
+from scrapyd_pgqueue.store.sql import IntegrityError, text
 from scrapyd_pgqueue.store.timing import (
     InvalidScheduleError,
     Timing,
     check_timing,
     first_due_after,
 )
+from scrapyd_pgqueue.store.webhooks import periodic_skipped_events
 
 # Channel of the NOTIFY sent when a periodic job is added, changed or resumed: nodes recompute when to wake up.
 PERIODIC_CHANNEL = "scrapyd_pgqueue_periodic"

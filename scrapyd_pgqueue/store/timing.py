@@ -12,7 +12,6 @@ import math
 import zoneinfo
 from dataclasses import dataclass
 
-
 MIN_EVERY_SECONDS = 1.0  # shorter periods are mistakes, and would keep every node firing
 MAX_EVERY_SECONDS = 10 * 365 * 86400.0  # longer ones too, and past a datetime's range they cannot be computed
 

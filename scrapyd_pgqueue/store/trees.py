@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     IN_TIME,
@@ -23,6 +21,8 @@ from scrapyd_pgqueue.store.base import (
     JobRow,
     database_errors,
 )
+from scrapyd_pgqueue.store.pool import Engine
+from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.webhooks import job_events
 
 # --- queries ---------------------------------------------------------------------------------------------------

@@ -17,12 +17,17 @@ import functools
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from scrapyd_pgqueue.store import db
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, PENDING_COUNT_CAP, AllJobsStore, OverviewStore, local_time
+from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, PENDING_COUNT_CAP, AllJobsStore, OverviewStore, db, local_time
 from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web.page import (
-    CANCEL_CONFIRM, ThreadedPage, document, esc, int_parameter, no_microseconds, quoted_log_path,
+    CANCEL_CONFIRM,
+    ThreadedPage,
+    document,
+    esc,
+    int_parameter,
+    no_microseconds,
+    quoted_log_path,
 )
 
 STOCK_HEADERS = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]

@@ -26,8 +26,8 @@ from twisted.application.service import IServiceCollection
 from twisted.web import http, resource, server
 from twisted.web.guard import HTTPAuthSessionWrapper
 
-from scrapyd_pgqueue.web import request_gate
 from scrapyd_pgqueue.config import ConfigurationError
+from scrapyd_pgqueue.web import request_gate
 from scrapyd_pgqueue.web.page import POLICY
 
 EGG_PATH = [b"addversion.json"]

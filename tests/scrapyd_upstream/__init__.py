@@ -5,9 +5,8 @@ import io
 import os.path
 import pkgutil
 
-from twisted.logger import eventAsText
-
 from scrapyd.launcher import ScrapyProcessProtocol
+from twisted.logger import eventAsText
 
 
 def touch(path):

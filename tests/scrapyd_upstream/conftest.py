@@ -9,19 +9,19 @@ import uuid  # scrapyd_pgqueue
 
 import pytest
 from psycopg2 import sql  # scrapyd_pgqueue
-from sqlalchemy import make_url  # scrapyd_pgqueue
-from twisted.web import http
-from twisted.web.http import Request
-from twisted.web.test.requesthelper import DummyChannel
-
 from scrapyd import Config
 from scrapyd.app import application
 from scrapyd.interfaces import IEnvironment
 from scrapyd.webservice import spider_list
 from scrapyd.website import Root
-from scrapyd_pgqueue.store import db  # scrapyd_pgqueue
-from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE  # scrapyd_pgqueue
+from sqlalchemy import make_url  # scrapyd_pgqueue
+from twisted.web import http
+from twisted.web.http import Request
+from twisted.web.test.requesthelper import DummyChannel
+
 from helpers import connect  # scrapyd_pgqueue: tests/helpers.py
+from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE  # scrapyd_pgqueue
+from scrapyd_pgqueue.store import db  # scrapyd_pgqueue
 from scrapyd_upstream import root_add_version  # scrapyd_pgqueue: was "from tests import"
 
 BASEDIR = os.path.abspath(os.path.dirname(__file__))

@@ -10,15 +10,22 @@ import sys
 from unittest.mock import MagicMock, PropertyMock, call
 
 import pytest
-from twisted.logger import LogLevel, capturedLogs
-from twisted.web import error
-
 from scrapyd.exceptions import DirectoryTraversalError, RunnerError
 from scrapyd.interfaces import IEggStorage
 from scrapyd.launcher import ScrapyProcessProtocol
 from scrapyd.webservice import spider_list
+from twisted.logger import LogLevel, capturedLogs
+from twisted.web import error
+
 from scrapyd_pgqueue.store import DuplicateJobError  # scrapyd_pgqueue
-from scrapyd_upstream import get_egg_data, get_finished_job, get_message, has_settings, root_add_version, touch  # scrapyd_pgqueue: was "from tests import"
+from scrapyd_upstream import (  # scrapyd_pgqueue: was "from tests import"
+    get_egg_data,
+    get_finished_job,
+    get_message,
+    has_settings,
+    root_add_version,
+    touch,
+)
 
 cliargs = [sys.executable, "-m", "scrapyd.runner", "crawl", "s2", "-s", "DOWNLOAD_DELAY=2", "-a", "arg1=val1"]
 

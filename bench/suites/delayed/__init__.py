@@ -31,12 +31,26 @@ from bench.latency import measure_claim_latency
 from bench.suites.delayed.explain import explain_claims
 from bench.suites.delayed.figures import _notes, _ratios, _targets
 from bench.suites.delayed.jobs import (
-    COUNT_DELAYED, INSERT_DELAYED, _checkpoint, _count_delayed, _delayed_params, _without_returning, claim_paths,
-    insert_delayed, promoted,
+    COUNT_DELAYED,
+    INSERT_DELAYED,
+    _checkpoint,
+    _count_delayed,
+    _delayed_params,
+    _without_returning,
+    claim_paths,
+    insert_delayed,
+    promoted,
 )
 from bench.suites.delayed.settings import (
-    DELAYED_FROM_SECONDS, DELAYED_JOBS, DELAYED_SPREAD_SECONDS, DUE_JOBS, PATH_PROJECTS, PENDING_JOBS, PROJECTS,
-    RANDOM_SEED, SCENARIOS,
+    DELAYED_FROM_SECONDS,
+    DELAYED_JOBS,
+    DELAYED_SPREAD_SECONDS,
+    DUE_JOBS,
+    PATH_PROJECTS,
+    PENDING_JOBS,
+    PROJECTS,
+    RANDOM_SEED,
+    SCENARIOS,
 )
 from bench.suites.delayed.table import format_table
 

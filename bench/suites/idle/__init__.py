@@ -40,7 +40,15 @@ from bench.context import Context
 from bench.suites.idle.figures import _growth_name, _notes, _ratios
 from bench.suites.idle.plots import plot
 from bench.suites.idle.settings import (
-    CHILD_TIMEOUT, DEFAULT_POLL_INTERVAL, LISTEN_NOTIFY, MAX_PROC, POLLERS, SERIES, SIZES, SPIDERQUEUE, Sizes,
+    CHILD_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    LISTEN_NOTIFY,
+    MAX_PROC,
+    POLLERS,
+    SERIES,
+    SIZES,
+    SPIDERQUEUE,
+    Sizes,
 )
 from bench.suites.idle.simulation import simulate
 from bench.suites.idle.table import format_table

@@ -12,7 +12,14 @@ from pathlib import Path
 from bench import database
 from bench.suites.idle.nodes import Counter, Node
 from bench.suites.idle.settings import (
-    DEFAULT_POLL_INTERVAL, LISTEN_NOTIFY, MAX_PROC, POLLERS, RANDOM_SEED, SERIES, SPIDERQUEUE, Sizes,
+    DEFAULT_POLL_INTERVAL,
+    LISTEN_NOTIFY,
+    MAX_PROC,
+    POLLERS,
+    RANDOM_SEED,
+    SERIES,
+    SPIDERQUEUE,
+    Sizes,
 )
 
 

@@ -67,8 +67,18 @@ from bench.suites.scale.figures import _get, _notes, _ratios
 from bench.suites.scale.plots import plot
 from bench.suites.scale.real_nodes import _real_mode
 from bench.suites.scale.settings import (
-    HEARTBEAT_INTERVAL, HOLD_SECONDS, JOB_SECONDS, LEASE_SECONDS, MAX_PROC, MODES, POOL_SIZE, PROJECT,
-    SIM_MAX_CONNECTIONS, SIM_POLL_INTERVAL, SIZES, SPIDER,
+    HEARTBEAT_INTERVAL,
+    HOLD_SECONDS,
+    JOB_SECONDS,
+    LEASE_SECONDS,
+    MAX_PROC,
+    MODES,
+    POOL_SIZE,
+    PROJECT,
+    SIM_MAX_CONNECTIONS,
+    SIM_POLL_INTERVAL,
+    SIZES,
+    SPIDER,
 )
 from bench.suites.scale.simulated_nodes import _simulate
 from bench.suites.scale.table import format_table

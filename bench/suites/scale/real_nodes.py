@@ -22,8 +22,20 @@ from bench.stats import summarise
 from bench.suites.scale.figures import _last_line
 from bench.suites.scale.sampling import Sampler, _backends, _bouncer_totals, _bouncer_window, _transactions
 from bench.suites.scale.settings import (
-    CONNECTION_ERRORS, FINISHED_TO_KEEP, HEARTBEAT_INTERVAL, JOB_SECONDS, LEASE_SECONDS, MAX_PROC, OTHER_PROBLEMS,
-    POLL_ONLY_LINE, PROJECT, RANDOM_SEED, REAL_MAX_CLIENT_CONN, SPIDER, STATS_QUIET_SECONDS, Sizes,
+    CONNECTION_ERRORS,
+    FINISHED_TO_KEEP,
+    HEARTBEAT_INTERVAL,
+    JOB_SECONDS,
+    LEASE_SECONDS,
+    MAX_PROC,
+    OTHER_PROBLEMS,
+    POLL_ONLY_LINE,
+    PROJECT,
+    RANDOM_SEED,
+    REAL_MAX_CLIENT_CONN,
+    SPIDER,
+    STATS_QUIET_SECONDS,
+    Sizes,
 )
 
 

@@ -20,8 +20,19 @@ from bench.stats import summarise
 from bench.suites.scale.figures import _last_line
 from bench.suites.scale.sampling import Sampler, _bouncer_totals, _bouncer_window, _transactions
 from bench.suites.scale.settings import (
-    HEARTBEAT_INTERVAL, HOLD_SECONDS, LEASE_SECONDS, MAX_ATTEMPTS, MAX_PROC, POOL_SIZE, PROJECT,
-    REAL_MAX_CLIENT_CONN, SIM_FINISHED_TO_KEEP, SIM_MAX_CONNECTIONS, SIM_POLL_INTERVAL, SPIDER, Sizes,
+    HEARTBEAT_INTERVAL,
+    HOLD_SECONDS,
+    LEASE_SECONDS,
+    MAX_ATTEMPTS,
+    MAX_PROC,
+    POOL_SIZE,
+    PROJECT,
+    REAL_MAX_CLIENT_CONN,
+    SIM_FINISHED_TO_KEEP,
+    SIM_MAX_CONNECTIONS,
+    SIM_POLL_INTERVAL,
+    SPIDER,
+    Sizes,
 )
 from bench.suites.scale.simulation import simulate
 
@@ -38,8 +49,7 @@ class Feeder(threading.Thread):
         self.first_error = None
 
     def run(self) -> None:
-        from scrapyd_pgqueue.store import db
-        from scrapyd_pgqueue.store import JobStore
+        from scrapyd_pgqueue.store import JobStore, db
 
         engine = db.get_engine(f"{self.url}?application_name=scale-feeder", migrate_schema=False,
                                application_name="scale-feeder")

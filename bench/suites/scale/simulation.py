@@ -163,8 +163,7 @@ class SimNode:
     """One simulated Scrapyd node: its own engine and worker id, the launcher's and the poller's statements."""
 
     def __init__(self, number: int, simulation: Simulation):
-        from scrapyd_pgqueue.store import db
-        from scrapyd_pgqueue.store import JobStore
+        from scrapyd_pgqueue.store import JobStore, db
 
         parameters = simulation.parameters
         self.simulation, self.timer, self.stats = simulation, simulation.timer, simulation.stats
