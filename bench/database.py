@@ -19,8 +19,8 @@ import psycopg2.extensions
 from psycopg2 import sql
 from sqlalchemy import make_url
 
+from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.local import devdb
-from scrapyd_pgqueue.store import db
 
 # The seed article's table, rebuilt as it published it (SQLAlchemy types Integer, Float, LargeBinary, String,
 # DateTime). SEED_TABLE gets one partial index on pending rows so that it reads the head of an index as ours does

@@ -15,9 +15,10 @@ import argparse
 import datetime
 import statistics
 
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.local import devdb
-from scrapyd_pgqueue.store import JobStore, db, finishing
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.store import JobStore, finishing
 from scrapyd_pgqueue.store.webhooks import WebhookStore
 
 # The finish as it was before webhooks: the same SET and conditions, no outbox step.

@@ -27,8 +27,8 @@ class Servers:
         self.fd_limit = None
 
     def start(self) -> Servers:
+        from scrapyd_pgqueue.database import db
         from scrapyd_pgqueue.local import devdb
-        from scrapyd_pgqueue.store import db
 
         self.postgres = devdb.LocalPostgres(settings={"max_connections": str(self.max_connections)})
         self.postgres.create()

@@ -132,8 +132,8 @@ def application(config):
     from scrapyd_pgqueue import config as pgconfig
     from scrapyd_pgqueue.components.environment import CrawlEnvironment
     from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
+    from scrapyd_pgqueue.database import db, roles
     from scrapyd_pgqueue.node import copy_writer, crawl_keys, spawning, spider_list
-    from scrapyd_pgqueue.store import db, roles
     from scrapyd_pgqueue.web.request_limits import judge_requests_on_their_headers
 
     make_not_dumpable()  # no crawl may read its environment or memory

@@ -114,7 +114,7 @@ def claim_in_processes(url, claimers: int, start_method: str, largest_batch: int
 def node_role(admin_connection, database_url, role, attributes=""):
     """A new login role (``attributes``: CONNECTION LIMIT ...) with the node role's rights (``scrapyd-pgqueue
     grant``) on the test's database, whose schema is created as its owner first; its URL."""
-    from scrapyd_pgqueue.store import db, roles
+    from scrapyd_pgqueue.database import db, roles
 
     with admin_connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE {role} LOGIN {attributes}")

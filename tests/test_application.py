@@ -19,9 +19,9 @@ from scrapyd.utils import initialize_component
 
 from helpers import jobs, query, runs_of, wait_for
 from scrapyd_pgqueue import application
+from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
 from scrapyd_pgqueue.one_line_config import OneLineConfig
-from scrapyd_pgqueue.store import db
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # Imports each dotted path given (a module, or a module's attribute) in a fresh interpreter, as Scrapyd loads a

@@ -26,9 +26,10 @@ from sqlalchemy import make_url
 
 from helpers import connect, wait_for
 from scrapyd_pgqueue import PostgresSpiderQueue
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
 from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS
-from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
+from scrapyd_pgqueue.store import DuplicateJobError, JobStore
 
 SQL_METACHARACTERS = ["'", '"', "';--", "'; DROP TABLE spider_job; --", "%", "_", "\\", "$1", "::text", "/*", "*/"]
 # A message that starts with an exception's class name is not Scrapyd's style for a refused request.

@@ -16,7 +16,8 @@ import pytest
 from sqlalchemy import make_url
 
 from helpers import COMMAND, finish, heard, query, run, run_json, skewed_clock
-from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL, JobOptions
+from scrapyd_pgqueue.job_rules.options import JobOptions
+from scrapyd_pgqueue.store import CANCEL_CHANNEL, NOTIFY_CHANNEL
 from scrapyd_pgqueue.store.statuses import FAILED, LOST
 
 

@@ -13,8 +13,9 @@ import requests
 from sqlalchemy import make_url
 
 from helpers import SECRET, ConnectionSampler, query, wait_for
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.job_rules.options import NO_OPTIONS
 from scrapyd_pgqueue.node.copy_writer import COPY_MIN_JOBS, LEFT_IDLE, CopyWriter
-from scrapyd_pgqueue.store import NO_OPTIONS, db
 
 QUIET = {"poll_interval": "3600", "listen_notify": "off"}  # the node claims nothing: every job stays pending
 BIG = COPY_MIN_JOBS + 50

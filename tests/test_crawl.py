@@ -19,7 +19,8 @@ import pytest
 from helpers import crawl_api_server, query
 from scrapyd_pgqueue import cli, crawl
 from scrapyd_pgqueue.crawl_process import crawl_node
-from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
+from scrapyd_pgqueue.job_rules.options import JobOptions
+from scrapyd_pgqueue.store import AllJobsStore, JobStore
 
 
 def running_root(database_url) -> int:
@@ -69,7 +70,8 @@ def test_schedule_makes_children_of_the_running_crawl_with_tree_keys(database_ur
     assert (priority, retries) == (5, 2)  # the node's default_retries
     assert message == {"url": "https://a/1", "name": "page", "_job": first, "settings": {"X": "1"}}
     assert AllJobsStore.for_url(database_url).lineage(first, "p") == ("root", "root")
-    assert {"sqlalchemy", "psycopg2", "scrapyd_pgqueue.store"}.isdisjoint(crawl_imports_after_a_schedule(in_a_crawl))
+    assert {"sqlalchemy", "psycopg2", "scrapyd_pgqueue.store", "scrapyd_pgqueue.database"}.isdisjoint(
+        crawl_imports_after_a_schedule(in_a_crawl))
 
 
 def crawl_imports_after_a_schedule(server) -> set[str]:

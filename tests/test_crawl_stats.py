@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from scrapyd_pgqueue.crawl_process.job_stats import SUMMARY_KEYS
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG
 from scrapyd_pgqueue.node import crawl_stats
 from scrapyd_pgqueue.node.crawl_stats import KEYS_DROPPED, MAX_KEYS, MAX_STATS_BYTES, CrawlStats
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 from tests.helpers import ends, jobs, parent_pid, query, spawner_pid, wait_for
 
 COLD, WARM = {"warm_start": "off"}, {"warm_start": "on"}

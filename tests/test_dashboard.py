@@ -9,8 +9,9 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from helpers import csp_violations, jobs, query, runs_of, schedule, screenshot, table_rows, wait_for
-from scrapyd_pgqueue.store import COUNT_CAP, OverviewStore, db, overview
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.store import COUNT_CAP, OverviewStore, overview
 
 BACKLOG = 126_000  # 21 spiders of 6,000: each counted exactly, under the cap
 

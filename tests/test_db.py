@@ -21,10 +21,11 @@ from sqlalchemy import make_url
 from helpers import node_role, query, wait_for
 from scrapyd_pgqueue import PostgresJobStorage, PostgresSpiderQueue
 from scrapyd_pgqueue.config import ConfigurationError
+from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.local import devdb
 from scrapyd_pgqueue.local.cluster import LocalCluster
 from scrapyd_pgqueue.node import notifications
-from scrapyd_pgqueue.store import AllJobsStore, JobStore, db
+from scrapyd_pgqueue.store import AllJobsStore, JobStore
 
 
 def connections_to(admin_connection):
@@ -183,7 +184,7 @@ def test_a_refused_connection_is_waited_for_and_said_once_with_a_count(role_with
     holder = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
     threading.Timer(2.0, holder.close).start()  # the server has room again in 2 s
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="scrapyd_pgqueue.store.db"):
+    with caplog.at_level(logging.WARNING, logger="scrapyd_pgqueue.database.db"):
         JobStore.for_url(role_with_one_connection).enqueue("p", {"name": "s", "_job": "waited"})
     waited = time.monotonic() - started
     refusals = [record.getMessage() for record in caplog.records if "refused a connection" in record.getMessage()]

@@ -195,8 +195,8 @@ def test_scrapyds_runner_runs_a_version_fetched_from_the_database(storage, examp
 
 
 def test_a_baked_in_project_starts_without_the_database_but_an_egg_project_says_why_not():
+    from scrapyd_pgqueue.database.db import DatabaseError
     from scrapyd_pgqueue.local import devdb
-    from scrapyd_pgqueue.store.db import DatabaseError
 
     config = Config(values={"database_url": f"postgresql://nobody@127.0.0.1:{devdb.free_port()}/none"})
     config.cp.add_section("settings")

@@ -26,7 +26,7 @@ import yaml
 from sqlalchemy import make_url
 
 from helpers import image_pinned, jobs, query, runs, runs_of, schedule, wait_for
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CHART = REPOSITORY / "deploy" / "helm" / "scrapyd-pgqueue"

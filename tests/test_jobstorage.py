@@ -110,7 +110,7 @@ def test_nodes_finishing_and_pruning_at_once_never_deadlock(database_url):
 def dead_job(storage, job, minutes_ago):
     """A job of retries=1 that failed twice through storage.add (the node's finish): dead, with a stored log."""
     from scrapyd_pgqueue import config as pgconfig
-    from scrapyd_pgqueue.store import JobOptions
+    from scrapyd_pgqueue.job_rules.options import JobOptions
 
     storage.store.enqueue("p", {"name": "s", "_job": job}, options=JobOptions(retries=1))
     for _ in range(2):  # the retry is due at once (retry_delay 0)

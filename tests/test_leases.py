@@ -13,9 +13,10 @@ import time
 
 from helpers import ConnectionSampler, connect, jobs, query, runs_of, schedule, wait_for
 from scrapyd_pgqueue import store as store_module
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.job_rules.options import JobOptions
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.store import AllJobsStore, JobOptions, JobStore
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.store import AllJobsStore, JobStore
 
 NOW = datetime.datetime.now
 
@@ -266,7 +267,9 @@ def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection)
 
 
 def test_one_tick_renews_the_lease_recovers_releases_and_reads_cancels_eggs_and_periodic(store, admin_connection):
-    from scrapyd_pgqueue.store import EggStore, PeriodicJob, ScheduleStore, Timing
+    from scrapyd_pgqueue.job_rules.job_requests import PeriodicJob
+    from scrapyd_pgqueue.job_rules.timing import Timing
+    from scrapyd_pgqueue.store import EggStore, ScheduleStore
 
     register(store, "w1", "w-live")
     enqueue(store, "dead-node", "forgotten", "known", "cancelled")

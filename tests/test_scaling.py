@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import make_url
 
 from helpers import connect, node_role, query
-from scrapyd_pgqueue.store import JobStore, OverviewStore, db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.store import JobStore, OverviewStore
 
 WANTED = "SELECT scrapyd_pgqueue_wanted_nodes(%s)"
 

@@ -14,8 +14,9 @@ import pytest
 
 from helpers import jobs, query, runs_of, schedule, wait_for
 from scrapyd_pgqueue import cli
-from scrapyd_pgqueue.store import AllJobsStore, DuplicateJobError, JobOptions, JobStore
-from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, options_from_fields, parse_run_at
+from scrapyd_pgqueue.job_rules.job_requests import RefusedJob, job_from_json, options_from_fields, parse_run_at
+from scrapyd_pgqueue.job_rules.options import JobOptions
+from scrapyd_pgqueue.store import AllJobsStore, DuplicateJobError, JobStore
 from scrapyd_pgqueue.store.statuses import FAILED
 
 # --- what a client may ask (pure functions) ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from sqlalchemy import make_url
 
 import scrapyd_pgqueue
 from helpers import connect
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
 
 SCHEMA_FILE = Path(scrapyd_pgqueue.__file__).parent / "store" / "schema.sql"
 

@@ -20,9 +20,10 @@ import requests
 from sqlalchemy import make_url
 
 from helpers import connect, ends, jobs, query, schedule, wait_for
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import roles as roles_module
 from scrapyd_pgqueue.local.cluster import NODE_CONFIG, LocalCluster
-from scrapyd_pgqueue.store import JobStore, db
-from scrapyd_pgqueue.store import roles as roles_module
+from scrapyd_pgqueue.store import JobStore
 
 PASSWORD = "node-s3cret-pw"
 COMMAND = str(Path(sys.executable).parent / "scrapyd-pgqueue")
@@ -233,7 +234,7 @@ def test_a_spider_that_replaces_its_log_with_a_fifo_delays_no_finish(database_ur
 
 # --- what grant names, and what it leaves alone ------------------------------------------------------------------
 
-# The objects a migrated schema holds (tables, sequences, functions), as store/roles.py names them.
+# The objects a migrated schema holds (tables, sequences, functions), as database/roles.py names them.
 SCHEMA_OBJECTS = """
     SELECT CASE WHEN c.relkind = 'S' THEN 'sequence' ELSE 'table' END, c.relname::text FROM pg_class AS c
     WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'f')

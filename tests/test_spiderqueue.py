@@ -5,7 +5,8 @@ from scrapyd.interfaces import ISpiderQueue
 from zope.interface.verify import verifyObject
 
 from scrapyd_pgqueue import PostgresSpiderQueue
-from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
+from scrapyd_pgqueue.store import DuplicateJobError
 
 
 @pytest.fixture

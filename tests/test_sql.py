@@ -2,7 +2,7 @@
 
 import pytest
 
-from scrapyd_pgqueue.store.sql import Result, address_of, driver_dsn, reads_only, text
+from scrapyd_pgqueue.database.sql import Result, address_of, driver_dsn, reads_only, text
 
 
 def test_parameters_become_psycopg2_placeholders_and_casts_and_literals_stay():

@@ -19,8 +19,9 @@ import time
 import pytest
 
 from helpers import health, jobs, query, runs, runs_of, schedule, timed, wait_for
+from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.local.devdb import free_port
-from scrapyd_pgqueue.store import AllJobsStore, JobStore, db
+from scrapyd_pgqueue.store import AllJobsStore, JobStore
 from scrapyd_pgqueue.web.offload import WEB_THREADS
 
 # Short leases and timings, so that a stall or cut of two leases takes seconds: with a lease of 6 s, stop sends

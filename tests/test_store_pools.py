@@ -9,7 +9,7 @@ import pytest
 
 from helpers import claim_in_processes, query
 from scrapyd_pgqueue.config import InvalidTagsError, parse_tags, pool_key
-from scrapyd_pgqueue.store import JobOptions
+from scrapyd_pgqueue.job_rules.options import JobOptions
 from scrapyd_pgqueue.store.pools import PoolStore
 
 

@@ -3,8 +3,9 @@
 import datetime
 
 from helpers import claim_in_processes
-from scrapyd_pgqueue.store import JobStore, db
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.store import JobStore
 
 CLAIMERS = 8
 JOBS = 5000

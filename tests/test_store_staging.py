@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapyd_pgqueue.store.base import JobOptions
+from scrapyd_pgqueue.job_rules.options import JobOptions
 from scrapyd_pgqueue.store.enqueue import ENQUEUE_COLUMNS, checked_row
 from scrapyd_pgqueue.store.staging import _copy_line, _staged_line
 

@@ -12,7 +12,9 @@ import threading
 import pytest
 
 from helpers import connect, query, wait_for
-from scrapyd_pgqueue.store import AllJobsStore, InvalidJobError, JobOptions, JobStore
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
+from scrapyd_pgqueue.job_rules.options import JobOptions
+from scrapyd_pgqueue.store import AllJobsStore, JobStore
 from scrapyd_pgqueue.store.statuses import FAILED
 
 

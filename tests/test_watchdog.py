@@ -18,8 +18,8 @@ import pytest
 from helpers import ends, jobs, query, runs_of, schedule, wait_for
 from scrapyd_pgqueue import cli
 from scrapyd_pgqueue.config import ConfigurationError, settings
+from scrapyd_pgqueue.job_rules.job_requests import RefusedJob, job_from_json, options_from_fields
 from scrapyd_pgqueue.node.watchdog import CHECK_INTERVAL
-from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json, options_from_fields
 
 # Seconds a crawl asked to stop has before it is SIGKILLed, in these tests.
 CANCEL_TIMEOUT = 5

@@ -20,8 +20,9 @@ import urllib.request
 import pytest
 
 from helpers import WebhookReceiver, finish, query, run, run_json, schedule, wait_for
+from scrapyd_pgqueue.job_rules.options import JobOptions
 from scrapyd_pgqueue.node.webhooks import event_body, retry_delay, slack_text
-from scrapyd_pgqueue.store import AllJobsStore, JobOptions, ScheduleStore
+from scrapyd_pgqueue.store import AllJobsStore, ScheduleStore
 from scrapyd_pgqueue.store.webhooks import Attempt, WebhookStore
 
 FAILED_JOBS = int(os.environ.get("SCRAPYD_PGQUEUE_WEBHOOK_JOBS", "200"))
@@ -148,7 +149,8 @@ def test_a_cancelled_tree_writes_ended_events_for_its_waiting_jobs_and_then_its_
 
 
 def test_a_periodic_skip_writes_its_event_in_the_same_transaction(database_url, store):
-    from scrapyd_pgqueue.store import PeriodicJob, Timing
+    from scrapyd_pgqueue.job_rules.job_requests import PeriodicJob
+    from scrapyd_pgqueue.job_rules.timing import Timing
 
     hooks = WebhookStore.for_url(database_url)
     hook = hooks.add_webhook("http://x/1", ["periodic_skipped"], None, "json", None)

@@ -70,7 +70,7 @@ class ChurnNode:
         prune skipped locked rows they deadlocked. A failure is counted and reported, and the churn goes on (the
         next prune deletes what this one did not), so the figures still cover every job.
         """
-        from scrapyd_pgqueue.store.db import DatabaseError
+        from scrapyd_pgqueue.database.db import DatabaseError
 
         try:
             self.store.prune_terminated(FINISHED_TO_KEEP)

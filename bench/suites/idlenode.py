@@ -43,8 +43,8 @@ CONNECTION_BUDGET = {"notify": 3, "polling": 2}  # per node: listen_notify on, o
 
 
 def run(ctx: Context) -> dict:
+    from scrapyd_pgqueue.database import db
     from scrapyd_pgqueue.local.devdb import LocalPostgres
-    from scrapyd_pgqueue.store import db
 
     server = LocalPostgres(settings=SERVER_LOG)
     server.create()

@@ -74,9 +74,9 @@ def _interrupt(signum, frame):
 
 def run_cluster(args: argparse.Namespace) -> int:
     """Start N Scrapyd nodes on loopback (and a throwaway Postgres when no URL is given) until Ctrl-C."""
+    from scrapyd_pgqueue.database import db
     from scrapyd_pgqueue.local import devdb
     from scrapyd_pgqueue.local.cluster import LocalCluster
-    from scrapyd_pgqueue.store import db
 
     # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored, and Python keeps it ignored.
     signal.signal(signal.SIGINT, _interrupt)
@@ -118,7 +118,7 @@ def run_cluster(args: argparse.Namespace) -> int:
 
 def run_migrate(args: argparse.Namespace) -> int:
     """Create or upgrade the schema (nodes also do this on first use)."""
-    from scrapyd_pgqueue.store import db
+    from scrapyd_pgqueue.database import db
 
     db.get_engine(args.database_url)
     print(f"Schema of {db.describe(args.database_url)} is current.")
@@ -127,7 +127,7 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 def run_grant(args: argparse.Namespace) -> int:
     """Create or upgrade the schema, then create the node role (or bring its rights to a node's): idempotent."""
-    from scrapyd_pgqueue.store import db, roles
+    from scrapyd_pgqueue.database import db, roles
 
     password = args.password or os.environ.get(roles.NODE_PASSWORD_VARIABLE)
     limits = roles.RoleLimits(args.lock_timeout, args.statement_timeout, args.idle_in_transaction_session_timeout,
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     grant.add_argument("role", metavar="ROLE", help="the node role, created if missing (for example scrapyd_node)")
     grant.add_argument("--password-file", dest="password", type=secret_file, metavar="FILE",
                        help="a file holding the role's password (default: $SCRAPYD_NODE_PASSWORD; neither: unchanged)")
-    from scrapyd_pgqueue.store.roles import OTHER_ROLES_CONNECTIONS, RoleLimits
+    from scrapyd_pgqueue.database.roles import OTHER_ROLES_CONNECTIONS, RoleLimits
 
     for option, setting in (("--lock-timeout", "lock_timeout"), ("--statement-timeout", "statement_timeout"),
                             ("--idle-in-transaction-timeout", "idle_in_transaction_session_timeout")):
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "database_url_required", False) and not args.database_url:
         parser.error(f"{args.command}: give the database URL in ${DATABASE_URL_VARIABLE} or --database-url-file")
     from scrapyd_pgqueue.config import ConfigurationError
-    from scrapyd_pgqueue.store.db import DatabaseError
+    from scrapyd_pgqueue.database.db import DatabaseError
 
     try:
         return args.run(args)

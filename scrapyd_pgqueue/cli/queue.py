@@ -93,7 +93,8 @@ def duration(text: str) -> datetime.timedelta:
 
 
 def run_status(args) -> int:
-    from scrapyd_pgqueue.store import PENDING_COUNT_CAP, db
+    from scrapyd_pgqueue.database import db
+    from scrapyd_pgqueue.store import PENDING_COUNT_CAP
     from scrapyd_pgqueue.store.pools import PoolStore
 
     store = all_jobs_store(args)
@@ -251,8 +252,10 @@ def run_enqueue(args) -> int:
 
     from tqdm import tqdm
 
-    from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore, waits
-    from scrapyd_pgqueue.store.job_requests import RefusedJob
+    from scrapyd_pgqueue.database import waits
+    from scrapyd_pgqueue.job_rules.checks import InvalidJobError
+    from scrapyd_pgqueue.job_rules.job_requests import RefusedJob
+    from scrapyd_pgqueue.store import DuplicateJobError, JobStore
 
     waits.wait_without_deadlines()  # COPY; the only database thread is this one
     store = JobStore.for_url(args.database_url)
@@ -307,8 +310,8 @@ class _CheckedLines:
         return len(self.lines)
 
     def __iter__(self):
-        from scrapyd_pgqueue.store.common_jobs import job_from_json_text
-        from scrapyd_pgqueue.store.job_requests import RefusedJob
+        from scrapyd_pgqueue.job_rules.common_jobs import job_from_json_text
+        from scrapyd_pgqueue.job_rules.job_requests import RefusedJob
 
         for number, text in self.lines:
             try:

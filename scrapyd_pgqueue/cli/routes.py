@@ -52,7 +52,7 @@ def _store(args):
 
 
 def run_set(args) -> int:
-    from scrapyd_pgqueue.store import InvalidJobError
+    from scrapyd_pgqueue.job_rules.checks import InvalidJobError
 
     try:
         _store(args).set_route(args.project, args.spider, args.tags)

@@ -9,7 +9,7 @@ settings, here and in the HTTP services.
 from __future__ import annotations
 
 from scrapyd_pgqueue.cli.output import fail, print_json, print_listing, subcommand, when
-from scrapyd_pgqueue.store.job_requests import periodic_job
+from scrapyd_pgqueue.job_rules.job_requests import periodic_job
 
 PERIODIC_HELP = "jobs fired on a schedule (cron or every N seconds) by whichever node is alive, once per due time"
 LIMIT_HELP = "cluster-wide limits: at most N crawls of a spider at once on all nodes together"
@@ -92,8 +92,9 @@ def _schedule(row) -> str:
 
 
 def run_add(args) -> int:
-    from scrapyd_pgqueue.store import DuplicateScheduleError, InvalidScheduleError
-    from scrapyd_pgqueue.store.job_requests import RefusedJob
+    from scrapyd_pgqueue.job_rules.job_requests import RefusedJob
+    from scrapyd_pgqueue.job_rules.timing import InvalidScheduleError
+    from scrapyd_pgqueue.store import DuplicateScheduleError
 
     try:
         job = periodic_job(
@@ -153,7 +154,7 @@ def _change(args, operation: str, state: str, answer: dict) -> int:
 
 
 def run_limit_set(args) -> int:
-    from scrapyd_pgqueue.store import InvalidScheduleError
+    from scrapyd_pgqueue.job_rules.timing import InvalidScheduleError
 
     try:
         _store(args).set_limit(args.project, args.spider, args.max_running)

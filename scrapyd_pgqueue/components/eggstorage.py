@@ -111,7 +111,7 @@ class PostgresEggStorage:
         egg_file = os.environ.get(EGG_FILE_VARIABLE)
         if egg_file is not None:  # a crawl started by our launcher: the node fetched the egg
             return (None, None) if not egg_file else (version, open(egg_file, "rb"))
-        from scrapyd_pgqueue.store.db import DatabaseError
+        from scrapyd_pgqueue.database.db import DatabaseError
 
         try:
             return self._get(project, version)

@@ -20,9 +20,9 @@ from zope.interface import implementer
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import IRecordingJobStorage
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.store import AllJobsStore, JobStore, QueueMaintenance, local_time
 from scrapyd_pgqueue.store.statuses import FINISHED
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 from scrapyd_pgqueue.web.log_files import read_log_tail
 
 log = Logger()

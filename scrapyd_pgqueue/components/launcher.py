@@ -269,7 +269,7 @@ class PostgresLauncher(Launcher):
         """A crawl cannot fetch its egg itself (it holds no database URL): a job whose egg the database could not give
         goes back to the queue; one whose egg is refused (altered in the database) or could not be kept (a full
         disk) fails, with the reason, and nothing runs it."""
-        from scrapyd_pgqueue.store.db import DatabaseError
+        from scrapyd_pgqueue.database.db import DatabaseError
 
         if self.crawls.stopping and claimed is not None:
             self.unstarted.append(claimed)

@@ -17,10 +17,10 @@ from zope.interface import implementer
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import IClaimingPoller
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.node.periodic import PeriodicFirer
 from scrapyd_pgqueue.store import NOTIFY_CHANNEL, Claim, ClaimedJob, JobStore
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 from scrapyd_pgqueue.web import metrics
 
 log = Logger()

@@ -341,9 +341,9 @@ pidfile = {self.pidfile}
 
     def show(self, command: str) -> list[dict]:
         """A ``SHOW ...`` of PgBouncer's admin console (SHOW POOLS, SHOW CLIENTS, SHOW SERVERS), as dicts."""
-        import psycopg2
+        from scrapyd_pgqueue.database import db
 
-        connection = psycopg2.connect(
+        connection = db.direct_connection(
             host="127.0.0.1", port=self.port, user="postgres", dbname="pgbouncer", connect_timeout=10
         )
         connection.autocommit = True
@@ -359,14 +359,15 @@ pidfile = {self.pidfile}
 
 
 def _wait_until_accepting(port: int, timeout: float = 60.0) -> None:
-    import psycopg2
+    from scrapyd_pgqueue.database import db
 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            psycopg2.connect(host="127.0.0.1", port=port, user="postgres", password="postgres", connect_timeout=2).close()
+            db.direct_connection(host="127.0.0.1", port=port, user="postgres", password="postgres",
+                                 connect_timeout=2).close()
             return
-        except psycopg2.OperationalError:
+        except db.OperationalError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)

@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from scrapyd_pgqueue.store.db import VERSION_TABLE
+from scrapyd_pgqueue.database.db import VERSION_TABLE
 
 connection = context.config.attributes["connection"]
 # No metadata to autogenerate from: the schema is store/schema.sql, and each migration is written by hand.

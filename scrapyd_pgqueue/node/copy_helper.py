@@ -16,9 +16,10 @@ import select
 import sys
 
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
+from scrapyd_pgqueue.database import db, waits
+from scrapyd_pgqueue.job_rules.common_jobs import CommonJobs, NotCommon
 from scrapyd_pgqueue.node.copy_writer import FRAME_LENGTH, LEFT_IDLE, STORE_ERRORS
-from scrapyd_pgqueue.store import JobStore, db, waits
-from scrapyd_pgqueue.store.common_jobs import CommonJobs, NotCommon
+from scrapyd_pgqueue.store import JobStore
 
 log = logging.getLogger("scrapyd_pgqueue.node.copy_helper")
 

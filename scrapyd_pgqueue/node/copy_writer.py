@@ -1,6 +1,6 @@
 """A node's big batches (``schedule_batch.json``, the crawl API) stored by COPY, in a helper process of its own.
 
-A node cannot COPY: psycopg2 refuses COPY while a wait callback is set, and the node's (``store/waits.py``) gives
+A node cannot COPY: psycopg2 refuses COPY while a wait callback is set, and the node's (``database/waits.py``) gives
 every thread its deadline, process-wide. So a batch of COPY_MIN_JOBS jobs or more goes to a helper process, started
 by the first one: this package in the node's interpreter, without the callback. It stores the batch as the
 ``enqueue`` command does (``JobStore.enqueue_by_copy``: each job checked while the database stores the ones before
@@ -28,10 +28,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from scrapyd_pgqueue.database import db, waits
+from scrapyd_pgqueue.database.db import DatabaseError, Engine, describe
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 from scrapyd_pgqueue.node.spawner import ISOLATED
-from scrapyd_pgqueue.store import DuplicateJobError, Enqueued, InvalidJobError, db, waits
-from scrapyd_pgqueue.store.db import DatabaseError, Engine, describe
+from scrapyd_pgqueue.store import DuplicateJobError, Enqueued
 
 # Jobs from which a batch is worth the helper (its connection, transaction and pipe cost about 9 ms a batch): through
 # one node, batches of 100, 300, 1,000 and 3,000 jobs took 11, 16, 28 and 57 ms by the helper, 5, 12, 31 and 90 ms by

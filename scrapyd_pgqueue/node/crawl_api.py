@@ -153,7 +153,7 @@ class CrawlApi(resource.Resource):
 
     @staticmethod
     def _jobs(request) -> list:
-        from scrapyd_pgqueue.store.job_requests import parse_json
+        from scrapyd_pgqueue.job_rules.job_requests import parse_json
 
         try:
             body = parse_json(request.content.read())
@@ -165,8 +165,9 @@ class CrawlApi(resource.Resource):
 
     def schedule(self, scope: CrawlScope, objects: list) -> dict:
         """Thread: check and store the jobs of one crawl's request, in its scope."""
-        from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError
-        from scrapyd_pgqueue.store.job_requests import RefusedJob, job_from_json
+        from scrapyd_pgqueue.job_rules.checks import InvalidJobError
+        from scrapyd_pgqueue.job_rules.job_requests import RefusedJob, job_from_json
+        from scrapyd_pgqueue.store import DuplicateJobError
 
         requests = []
         for index, job in enumerate(objects):
@@ -196,7 +197,7 @@ class CrawlApi(resource.Resource):
                                "schedules children of its own job or of its own tree's jobs only")
 
     def _failed(self, failure) -> tuple[int, dict]:
-        from scrapyd_pgqueue.store.db import DatabaseError
+        from scrapyd_pgqueue.database.db import DatabaseError
 
         if failure.check(Refused):
             return failure.value.code, self._error(failure.value)

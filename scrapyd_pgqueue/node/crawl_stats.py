@@ -36,7 +36,7 @@ from scrapyd_pgqueue.crawl_process.job_stats import (
     RESPONSES,
     SUMMARY_KEYS,
 )
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.web import metrics
 
 log = Logger()

@@ -20,9 +20,9 @@ from zope.interface import implementer
 
 from scrapyd_pgqueue.contracts import IClaimingPoller, INodeCrawls, IRecordingJobStorage
 from scrapyd_pgqueue.crawl_process.job_stats import STATS_FD
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.store import WatchdogLimits
 from scrapyd_pgqueue.store.statuses import CANCELLED, FAILED, FINISHED
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 from scrapyd_pgqueue.web import metrics
 
 log = Logger()

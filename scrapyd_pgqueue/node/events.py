@@ -19,6 +19,7 @@ from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import IEggFiles, INodeCrawls
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.node.warm import WarmStarts
 from scrapyd_pgqueue.store import (
@@ -29,7 +30,6 @@ from scrapyd_pgqueue.store import (
     EggStore,
     signal_number,
 )
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 

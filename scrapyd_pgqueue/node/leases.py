@@ -24,9 +24,10 @@ from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import INodeCrawls
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.node import crawl_stats
-from scrapyd_pgqueue.store import JobStore, db
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store import JobStore
 
 log = Logger()
 

@@ -22,10 +22,9 @@ import select
 import threading
 import uuid
 
-from psycopg2 import sql
-
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import listen_statement
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ class Listener(threading.Thread):
 
     def _listen(self, connection, channel: str) -> None:
         with connection.cursor() as cursor:
-            cursor.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            cursor.execute(listen_statement(channel))
         self.listening.add(channel)
 
     def _hears_itself(self) -> bool:

@@ -17,9 +17,9 @@ from twisted.internet import threads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.node import notifications
 from scrapyd_pgqueue.store import PERIODIC_CHANNEL, Firing, ScheduleStore
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
 
 log = Logger()
 

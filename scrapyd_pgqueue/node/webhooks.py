@@ -28,7 +28,7 @@ from twisted.logger import Logger
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 from scrapyd_pgqueue.store.webhooks import JOB_EVENTS, Attempt, DueEvent, WebhookStore
 from scrapyd_pgqueue.web import metrics
 

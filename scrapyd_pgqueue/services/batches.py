@@ -1,6 +1,6 @@
 """``schedule_batch.json``: many jobs of one project in one request, all or none, one NOTIFY.
 
-A big batch in the common form (``store/common_jobs.py``) is read and stored by the node's COPY helper
+A big batch in the common form (``job_rules/common_jobs.py``) is read and stored by the node's COPY helper
 (``node/copy_writer.py``) once the node has checked its project and spiders: the jobs are made and checked as the
 database stores the ones before them. Any other batch, and any batch the helper does not take, is read here: the
 fast path for the common form, else the general path, which gives every refusal its one message; then stored by the
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from scrapyd.webservice import spider_list
 
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
+from scrapyd_pgqueue.job_rules.common_jobs import batch_outline, common_batch
+from scrapyd_pgqueue.job_rules.job_requests import MAX_BATCH_JOBS, RefusedJob, job_from_json, parse_json
 from scrapyd_pgqueue.node import copy_writer
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
-from scrapyd_pgqueue.store import DuplicateJobError, InvalidJobError, JobStore
-from scrapyd_pgqueue.store.common_jobs import batch_outline, common_batch
-from scrapyd_pgqueue.store.job_requests import MAX_BATCH_JOBS, RefusedJob, job_from_json, parse_json
+from scrapyd_pgqueue.store import DuplicateJobError, JobStore
 
 
 class ScheduleBatch(DatabaseService):

@@ -24,6 +24,15 @@ from twisted.web import error, http, resource, server, static
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.db import DatabaseError
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
+from scrapyd_pgqueue.job_rules.job_requests import (
+    OPTION_FIELDS,
+    RefusedJob,
+    check_form,
+    options_from_fields,
+)
 from scrapyd_pgqueue.node import spawning
 from scrapyd_pgqueue.services.resource import DatabaseService, node_root, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
@@ -31,18 +40,9 @@ from scrapyd_pgqueue.store import (
     MAX_PENDING_OFFSET,
     AllJobsStore,
     DuplicateJobError,
-    InvalidJobError,
     JobStore,
     cancel_signal,
-    db,
     local_time,
-)
-from scrapyd_pgqueue.store.db import DatabaseError
-from scrapyd_pgqueue.store.job_requests import (
-    OPTION_FIELDS,
-    RefusedJob,
-    check_form,
-    options_from_fields,
 )
 from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web import metrics, offload

@@ -11,8 +11,8 @@ from zope.interface import implementer
 
 from scrapyd_pgqueue import config as pgconfig
 from scrapyd_pgqueue.contracts import INodeRoot
+from scrapyd_pgqueue.database.db import DatabaseError
 from scrapyd_pgqueue.store import AllJobsStore
-from scrapyd_pgqueue.store.db import DatabaseError
 from scrapyd_pgqueue.web import offload
 
 

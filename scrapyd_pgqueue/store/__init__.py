@@ -1,25 +1,24 @@
-"""Every queue operation, each one short statement; all of the package's SQL lives here.
+"""Every queue operation, each one short statement: every query of the queue lives here.
 
 No Twisted and no Scrapyd imports: the store is used by the Scrapyd adapters, the operator command and the
 benchmark alike. Every method runs in its own short transaction (the enqueue command's stream aside: its whole
-input is one); none is held while a crawl runs.
+input is one); none is held while a crawl runs. Below it: ``scrapyd_pgqueue.database``, the connection layer (the
+only code that knows the driver), and ``scrapyd_pgqueue.job_rules``, the rules a job request meets before any SQL.
 
 Each query is a named ``text(...)`` constant, with a comment saying why, next to the operations that run it (the
-claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor); only ``scrapyd_pgqueue.store.db``
-knows the driver. The claim's steps are a function in the database. ``schema.sql`` is the whole current schema as
-the migrations leave it (tables, indexes, constraints, triggers, functions, grants), with the reason for each object
-and each of the claim's steps; a test keeps the two in step.
+claim, the hottest, is a plain string that ``db.fetch_all`` sends on the driver's cursor). The claim's steps are a
+function in the database. ``schema.sql`` is the whole current schema as the migrations leave it (tables, indexes,
+constraints, triggers, functions, grants), with the reason for each object and each of the claim's steps; a test
+keeps the two in step.
 
 One module per concern:
 
-- ``base``: what the others share: channels, limits, errors, shared rows, the operations' helpers.
+- ``base``: what the others share: channels, errors, shared rows, the operations' helpers.
 - ``queue``: enqueue (delayed, unique), claim (due jobs, per-spider limits), waiting jobs, notify (``JobStore``).
 - ``enqueue``: the rules of a job's columns and the one statement that stores a batch (delayed, unique, tree jobs).
 - ``staging``: big batches by COPY (the enqueue command), each job checked as COPY reads it: straight into
   spider_job, or through the staging table for jobs whose unique key is held and tree jobs, ids reserved in the
   batch's order.
-- ``job_requests``: what a client may ask to schedule, the rules every way in applies; ``common_jobs``, their fast
-  path for the common job object (typed decoding in C, the same rules).
 - ``finishing``: start, finish or retry, prune, terminated jobs (``JobEnds``, in ``JobStore``).
 - ``nodes``: registration, heartbeat, lease recovery, hand-back, forgotten claims (``NodeLeases``, in ``JobStore``).
 - ``trees``: crawl trees: children placed in their parent's tree, tree-scoped keys, the tree's view and cancel
@@ -30,8 +29,8 @@ One module per concern:
 - ``eggs``: project eggs (``EggStore``).
 - ``maintenance``: a VACUUM of the queue table when it is due, by the nodes that finish crawls (``QueueMaintenance``).
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).
-- ``schedules``: periodic jobs (the operator's, and their firing by every node) and per-spider limits (``ScheduleStore``).
-- ``timing``: when a periodic job is due (pure functions, no SQL).
+- ``schedules``: periodic jobs (the operator's, and their firing by every node; when each is due is
+  ``job_rules.timing``) and per-spider limits (``ScheduleStore``).
 - ``pools``: node pools: tags (checked, as a job's pool), routes per spider, pools no live node can run
   (``PoolStore``).
 - ``webhooks``: the operator's webhooks, the outbox steps the statements that cause events carry, and the claim and
@@ -55,22 +54,13 @@ from scrapyd_pgqueue.store.all_jobs import (
 )
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
-    ERROR,
-    KEEP,
-    MAX_NAME_BYTES,
-    NO_OPTIONS,
     NOTIFY_CHANNEL,
-    ON_CONFLICT,
     PROJECTS_CHANNEL,
-    REPLACE,
     TREES_CHANNEL,
-    UNIQUE_SCOPES,
     ClaimedJob,
     DuplicateJobError,
     Enqueued,
-    InvalidJobError,
     JobNotFoundError,
-    JobOptions,
     JobRow,
     local_time,
 )
@@ -87,13 +77,11 @@ from scrapyd_pgqueue.store.schedules import (
     DuplicateScheduleError,
     FiredJob,
     Firing,
-    PeriodicJob,
     PeriodicJobRow,
     ScheduleNotFoundError,
     ScheduleStore,
     SpiderLimitRow,
 )
-from scrapyd_pgqueue.store.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 from scrapyd_pgqueue.store.trees import TreeView
 from scrapyd_pgqueue.store.webhooks import WebhookNotFoundError, WebhookStore
 
@@ -103,28 +91,15 @@ __all__ = [
     "CANCEL_CHANNEL",
     "PROJECTS_CHANNEL",
     "PERIODIC_CHANNEL",
-    "MAX_NAME_BYTES",
     "PENDING_COUNT_CAP",
     "MAX_PENDING_OFFSET",
     "COUNT_CAP",
-    # scheduling options
-    "JobOptions",
-    "NO_OPTIONS",
-    "ON_CONFLICT",
-    "UNIQUE_SCOPES",
     "TREES_CHANNEL",
-    "REPLACE",
-    "KEEP",
-    "ERROR",
+    # scheduling options
     "OVERLAP",
-    "Timing",
-    "check_timing",
-    "first_due_after",
     # errors
     "DuplicateJobError",
-    "InvalidJobError",
     "JobNotFoundError",
-    "InvalidScheduleError",
     "DuplicateScheduleError",
     "ScheduleNotFoundError",
     # rows
@@ -146,7 +121,6 @@ __all__ = [
     "NodeRow",
     "SpiderDepth",
     "MinuteCount",
-    "PeriodicJob",
     "PeriodicJobRow",
     "SpiderLimitRow",
     "FiredJob",

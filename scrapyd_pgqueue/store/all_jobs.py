@@ -12,7 +12,8 @@ from typing import Any
 
 from scrapyd_pgqueue.config import pool_tags
 from scrapyd_pgqueue.crawl_process.job_stats import SUMMARY_KEYS
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
     IN_TIME,
@@ -24,7 +25,6 @@ from scrapyd_pgqueue.store.base import (
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
 from scrapyd_pgqueue.store.pools import UNROUTABLE_POOLS_SQL
-from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.trees import TreeQueries
 from scrapyd_pgqueue.store.webhooks import job_events
 

@@ -1,20 +1,15 @@
-"""What every concern of the store shares: channels, limits, errors, shared rows and the operations' helpers."""
+"""What every concern of the store shares: channels, errors, shared rows and the operations' helpers."""
 
 from __future__ import annotations
 
 import datetime
 import functools
-import json
-import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import Engine
+from scrapyd_pgqueue.database.sql import text
 
 # Channel of the NOTIFY that wakes idle nodes when jobs became claimable; the payload is empty (a constant: Postgres
 # folds a transaction's identical notifications into one).
@@ -24,13 +19,6 @@ NOTIFY_CHANNEL = "scrapyd_pgqueue_jobs"
 # listening backend, so a job sent to a cluster whose nodes are all busy sends none: they claim again when a slot
 # frees. One probe of scrapyd_node_wanting_idx.
 NODES_WANT_WORK = "EXISTS (SELECT 1 FROM scrapyd_node WHERE wants_work IS NOT FALSE AND stopped_time IS NULL)"
-
-# Longest project, spider, job id or version stored: (project, job) is one index entry, which Postgres caps at
-# 2704 bytes.
-MAX_NAME_BYTES = 1000
-
-# Beyond 2 ** 53 a double (the priority column) no longer tells consecutive integers apart: p + 1 would run as p.
-MAX_PRIORITY = 2**53
 
 # Channel of the NOTIFY sent with each cancel request on a running job; the payload is JSON (id, project, job,
 # worker, requests, signal), and only the node running the job (its worker) acts on it.
@@ -43,44 +31,12 @@ class DuplicateJobError(ValueError):
     """A pending or running job of the project already has this job id."""
 
 
-class InvalidJobError(ValueError):
-    """The job cannot be stored as given (reason in the message)."""
-
-
 class JobNotFoundError(LookupError):
     """No job with this id (in this project) is in the state the operation needs."""
 
 
-# What a second schedule of a waiting job's unique key does (_on_conflict).
-REPLACE, KEEP, ERROR = "replace", "keep", "error"
-ON_CONFLICT = (REPLACE, KEEP, ERROR)
-# Where a unique key is unique: among the project's waiting jobs, or among every job of the parent's tree.
-UNIQUE_SCOPES = ("waiting", "tree")
 # Channel of the NOTIFY sent when a crawl tree is done; the payload is JSON {"project", "root", "root_id"}.
 TREES_CHANNEL = "scrapyd_pgqueue_trees"
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """How a job is scheduled, beside what it runs (none of it reaches the spider)."""
-
-    run_at: float | None = None  # Unix seconds; or
-    delay: float | None = None  # seconds from now, on the database's clock
-    unique_key: str | None = None  # one waiting job per key and project
-    on_conflict: str = REPLACE
-    retries: int = 0  # runs again after this many failures at most, then ends "dead"
-    retry_delay: float = 0.0  # the backoff's base: retry n waits retry_delay * 2 ** (n - 1)
-    periodic: str | None = None  # the periodic job that fired it
-    parent: str | None = None  # the job id of the job that scheduled it (same project): it joins its tree
-    unique_scope: str = "waiting"  # or "tree": unique_key is scheduled once in the parent's tree, ever
-    on_complete: str | None = None  # on a root: the spider enqueued once when the whole tree has ended
-    on_complete_args: dict[str, str] | None = None
-    max_runtime: float | None = None  # seconds the crawl may run before its node stops it ("timeout")
-    stall_timeout: float | None = None  # seconds without a new request, response or item before it does ("stalled")
-    tags: tuple[str, ...] | None = None  # the tags a node needs to run it (checked, sorted); None: its spider's route
-
-
-NO_OPTIONS = JobOptions()
 
 
 @dataclass(frozen=True)
@@ -184,76 +140,6 @@ def database_errors(method):
             return db.when_served(lambda: method(self, *args, **kwargs), self.engine.url)
 
     return wrapper
-
-
-def encode_message(message: dict[str, Any]) -> str:
-    """A job's message as JSON text for its jsonb column (InvalidJobError when it cannot be stored)."""
-    try:
-        if _plain(message):  # what schedule.json and batches make: msgspec, several times faster, is exact there
-            encoded = _MESSAGE_ENCODER.encode(message).decode()
-        else:  # any value: json refuses NaN and infinities, where msgspec would write null
-            encoded = json.dumps(message, ensure_ascii=False, allow_nan=False)
-            encoded.encode()
-    except UnicodeEncodeError:  # a lone surrogate ("\udc80", from undecodable bytes) cannot be stored
-        raise InvalidJobError("job arguments must be valid Unicode text") from None
-    except (TypeError, ValueError) as e:
-        raise InvalidJobError(f"job arguments must be JSON-serialisable finite values: {e}") from e
-    if "\x00" in encoded or "\\u0000" in encoded:
-        raise InvalidJobError("job arguments may not contain NUL characters")
-    return encoded
-
-
-_MESSAGE_ENCODER = msgspec.json.Encoder()
-
-
-def _plain(message: dict[str, Any]) -> bool:
-    """Whether every value is a string, or an object of strings (the settings), under string keys."""
-    for key, value in message.items():
-        if type(key) is not str:
-            return False
-        if type(value) is not str:
-            if type(value) is not dict:
-                return False
-            for name, setting in value.items():
-                if type(name) is not str or type(setting) is not str:
-                    return False
-    return True
-
-
-def check_priority(priority: Any) -> float:
-    """A job's priority, by every way in (schedule.json's number, a batch's or a line's JSON, the Python API, a
-    periodic job): a number, not a boolean, finite, of magnitude at most MAX_PRIORITY; else InvalidJobError."""
-    if type(priority) is float and -MAX_PRIORITY <= priority <= MAX_PRIORITY:  # most: no NaN or infinity passes
-        return priority
-    if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not is_finite(priority):
-        raise InvalidJobError(f"priority must be a finite number, not {priority!r}")
-    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidJobError(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, not {priority!r}")
-    return float(priority)
-
-
-def is_finite(number: int | float) -> bool:
-    """Finite as a float: JSON's integers have any size, and a float cannot hold them all."""
-    return abs(number) <= sys.float_info.max if isinstance(number, int) else math.isfinite(number)
-
-
-def check_name(what: str, value: Any) -> str:
-    """A project, spider, job id or version as the row's columns and indexes can hold it, else InvalidJobError."""
-    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_BYTES and "\x00" not in value:
-        return value  # most: ASCII text is as many bytes as characters, and always valid
-    if not isinstance(value, str):
-        raise InvalidJobError(f"{what} must be a string, not {type(value).__name__}")
-    if not value:
-        raise InvalidJobError(f"{what} may not be empty")
-    if "\x00" in value:
-        raise InvalidJobError(f"{what} may not contain NUL characters")
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:  # a lone surrogate ("\udc80", from undecodable bytes) cannot be stored
-        raise InvalidJobError(f"{what} must be valid Unicode text") from None
-    if size > MAX_NAME_BYTES:
-        raise InvalidJobError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
-    return value
 
 
 class StorePerEngine:

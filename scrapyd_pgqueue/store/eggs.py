@@ -6,9 +6,9 @@ import hashlib
 import zlib
 from typing import NamedTuple
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import PROJECTS_CHANNEL, StorePerEngine, database_errors
-from scrapyd_pgqueue.store.sql import text
 
 # --- eggs ---
 

@@ -11,22 +11,11 @@ from typing import Any
 import msgspec
 
 from scrapyd_pgqueue.config import pool_key
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.base import (
-    ERROR,
-    NO_OPTIONS,
-    NODES_WANT_WORK,
-    NOTIFY_CHANNEL,
-    REPLACE,
-    DuplicateJobError,
-    Enqueued,
-    InvalidJobError,
-    JobOptions,
-    check_name,
-    check_priority,
-    encode_message,
-)
-from scrapyd_pgqueue.store.sql import IntegrityError, text
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import IntegrityError, text
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError, check_name, check_priority, encode_message
+from scrapyd_pgqueue.job_rules.options import ERROR, NO_OPTIONS, REPLACE, JobOptions
+from scrapyd_pgqueue.store.base import NODES_WANT_WORK, NOTIFY_CHANNEL, DuplicateJobError, Enqueued
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

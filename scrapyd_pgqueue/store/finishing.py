@@ -8,7 +8,9 @@ import datetime
 import json
 from dataclasses import dataclass
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import Engine
+from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,
     ClaimedJob,
@@ -17,8 +19,6 @@ from scrapyd_pgqueue.store.base import (
     on_database_clock,
     read_rows,
 )
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
 from scrapyd_pgqueue.store.statuses import FINISHED
 from scrapyd_pgqueue.store.webhooks import job_events
 

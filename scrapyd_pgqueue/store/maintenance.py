@@ -24,10 +24,10 @@ import logging
 import threading
 import time
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import Engine
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
 

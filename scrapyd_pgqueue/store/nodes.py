@@ -10,7 +10,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import Engine
+from scrapyd_pgqueue.database.sql import DriverError, text
 from scrapyd_pgqueue.store.all_jobs import CancelRequest
 from scrapyd_pgqueue.store.base import (
     KEY_UNLESS_TAKEN,
@@ -20,8 +22,6 @@ from scrapyd_pgqueue.store.base import (
     database_errors,
     on_database_clock,
 )
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import DriverError, text
 from scrapyd_pgqueue.store.webhooks import WEBHOOKS_DUE_IN, job_events
 
 

@@ -6,7 +6,9 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import Engine
+from scrapyd_pgqueue.database.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     JOB_STATUS,
     KEY_UNLESS_TAKEN,
@@ -17,8 +19,6 @@ from scrapyd_pgqueue.store.base import (
     database_errors,
     read_rows,
 )
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import IntegrityError, text
 
 
 @dataclass(frozen=True)

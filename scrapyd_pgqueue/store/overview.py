@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import StorePerEngine, database_errors, local_time
-from scrapyd_pgqueue.store.sql import text
 
 # Jobs counted exactly per spider and state; beyond, the count is shown as "at least" (COUNT_CAP+).
 COUNT_CAP = 10_000

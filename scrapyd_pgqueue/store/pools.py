@@ -11,9 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scrapyd_pgqueue.config import pool_key, pool_tags
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.base import StorePerEngine, check_name, database_errors
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.job_rules.checks import check_name
+from scrapyd_pgqueue.store.base import StorePerEngine, database_errors
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

@@ -10,21 +10,14 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from scrapyd_pgqueue.store import db, enqueue, staging, trees, waits
-from scrapyd_pgqueue.store.base import (
-    ERROR,
-    NO_OPTIONS,
-    NOTIFY_CHANNEL,
-    ClaimedJob,
-    Enqueued,
-    JobOptions,
-    StorePerEngine,
-    database_errors,
-)
+from scrapyd_pgqueue.database import db, waits
+from scrapyd_pgqueue.database.connection_pool import Engine
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.job_rules.options import ERROR, NO_OPTIONS, JobOptions
+from scrapyd_pgqueue.store import enqueue, staging, trees
+from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, ClaimedJob, Enqueued, StorePerEngine, database_errors
 from scrapyd_pgqueue.store.finishing import JobEnds
 from scrapyd_pgqueue.store.nodes import NodeLeases
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

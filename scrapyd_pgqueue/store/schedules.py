@@ -15,25 +15,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from scrapyd_pgqueue.config import pool_key, pool_tags
-from scrapyd_pgqueue.store import db, enqueue
-from scrapyd_pgqueue.store.base import (
-    NOTIFY_CHANNEL,
-    InvalidJobError,
-    JobOptions,
-    StorePerEngine,
-    check_name,
-    check_priority,
-    database_errors,
-    encode_message,
-    read_rows,
-)
-from scrapyd_pgqueue.store.sql import IntegrityError, text
-from scrapyd_pgqueue.store.timing import (
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import IntegrityError, text
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError, check_name, check_priority, encode_message
+from scrapyd_pgqueue.job_rules.job_requests import PeriodicJob
+from scrapyd_pgqueue.job_rules.options import JobOptions
+from scrapyd_pgqueue.job_rules.timing import (
     InvalidScheduleError,
     Timing,
     check_timing,
     first_due_after,
 )
+from scrapyd_pgqueue.store import enqueue
+from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, StorePerEngine, database_errors, read_rows
 from scrapyd_pgqueue.store.webhooks import periodic_skipped_events
 
 # Channel of the NOTIFY sent when a periodic job is added, changed or resumed: nodes recompute when to wake up.
@@ -167,23 +161,6 @@ REMOVE_LIMIT = text("""
 """)
 
 # --- rows ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeriodicJob:
-    """A periodic job as the operator defines it."""
-
-    name: str
-    project: str
-    spider: str
-    timing: Timing
-    priority: float = 0.0
-    args: dict[str, str] | None = None
-    settings: dict[str, str] | None = None
-    overlap: str = "skip"
-    max_runtime: float | None = None  # each fired job's _max_runtime and _stall_timeout
-    stall_timeout: float | None = None
-    tags: tuple[str, ...] | None = None  # each fired job's _tags (checked); None: its spider's route at each firing
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 -- The whole current schema of scrapyd_pgqueue, as the newest migration leaves it: every table, column, constraint,
 -- index, function, trigger and grant, each with the reason for it beside it. The migrations
--- (scrapyd_pgqueue/migrations/versions, applied by store/db.py on first use) create and change the schema, and a
+-- (scrapyd_pgqueue/migrations/versions, applied by database/db.py on first use) create and change the schema, and a
 -- migration never changes once released; this file is where a reader starts, and where the next change starts: write
 -- the new migration by hand, and make the same change here. tests/test_schema.py migrates an empty database from
 -- zero, runs this file in another empty database, and fails when their catalogs differ (tables, columns, storage
@@ -9,7 +9,7 @@
 --
 -- It runs in an empty database, in schema public, in this order: tables (each followed by its indexes), functions,
 -- triggers, grants. Databases are made by the migrations, not by this file: it is for reading, and for the test. So
--- Alembic's version table (scrapyd_pgqueue_version, store/db.py's VERSION_TABLE) is not here: the migrations'
+-- Alembic's version table (scrapyd_pgqueue_version, database/db.py's VERSION_TABLE) is not here: the migrations'
 -- bookkeeping, created by Alembic rather than by a migration (the test leaves it out of its comparison). A database
 -- made from this file has no revision; the nodes would migrate it from zero, and fail on the tables already there.
 --
@@ -807,7 +807,7 @@ CREATE TRIGGER spider_tree_job_removed AFTER DELETE ON spider_job FOR EACH ROW
 -- ---------------------------------------------------------------------------------------------------------------
 
 -- The wanted-nodes functions are SECURITY DEFINER: EXECUTE is not PUBLIC's (0008, 0014). `scrapyd-pgqueue grant`
--- gives it to the node role (with the node's rights on the tables, store/roles.py), a scaler's role gets it from its
+-- gives it to the node role (with the node's rights on the tables, database/roles.py), a scaler's role gets it from its
 -- own GRANT. Every other object keeps Postgres' default rights: its owner's, and PUBLIC's EXECUTE on the other
 -- functions (which run with their caller's rights).
 REVOKE EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) FROM PUBLIC;

@@ -20,7 +20,8 @@ import io
 import re
 from typing import Any, Callable, Iterable
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import NODES_WANT_WORK, NOTIFY_CHANNEL, Enqueued
 from scrapyd_pgqueue.store.enqueue import (
     ENQUEUE_COLUMNS,
@@ -32,7 +33,6 @@ from scrapyd_pgqueue.store.enqueue import (
     in_request_order,
     insert_params,
 )
-from scrapyd_pgqueue.store.sql import text
 
 # :count ids for a batch, in its order, the transaction's time (its jobs' creation and, for most, due time), and the
 # project's routes (spider -> the tags its jobs require, for the jobs without tags of their own). None once the

@@ -12,17 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.base import (
-    CANCEL_CHANNEL,
-    IN_TIME,
-    Enqueued,
-    InvalidJobError,
-    JobRow,
-    database_errors,
-)
-from scrapyd_pgqueue.store.pool import Engine
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import Engine
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
+from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, IN_TIME, Enqueued, JobRow, database_errors
 from scrapyd_pgqueue.store.webhooks import job_events
 
 # --- queries ---------------------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.store import db
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import StorePerEngine, database_errors, read_rows
-from scrapyd_pgqueue.store.sql import text
 
 # The outcomes a hook may ask for by name (the watchdog's timeout and stalled among them), and ``ended``: any
 # outcome. Then the events that are not a job's end.

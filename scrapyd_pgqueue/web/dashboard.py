@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.store import COUNT_CAP, AllJobsStore, OverviewStore, ScheduleStore, db, local_time
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.store import COUNT_CAP, AllJobsStore, OverviewStore, ScheduleStore, local_time
 from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, int_parameter, no_microseconds, quoted_log_path
 from scrapyd_pgqueue.web.svg import minute_chart
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, PENDING_COUNT_CAP, AllJobsStore, OverviewStore, db, local_time
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, PENDING_COUNT_CAP, AllJobsStore, OverviewStore, local_time
 from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web.page import (
     CANCEL_CONFIRM,

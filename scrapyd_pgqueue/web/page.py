@@ -14,7 +14,7 @@ from urllib.parse import quote
 from twisted.logger import Logger
 from twisted.web import resource, server
 
-from scrapyd_pgqueue.store.db import DatabaseError
+from scrapyd_pgqueue.database.db import DatabaseError
 from scrapyd_pgqueue.web import metrics, offload
 
 log = Logger()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from scrapyd_pgqueue.database.db import DatabaseError
 from scrapyd_pgqueue.store import PENDING_COUNT_CAP, AllJobsStore, OverviewStore
-from scrapyd_pgqueue.store.db import DatabaseError
 from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.web.page import ThreadedPage

@@ -21,7 +21,7 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from helpers import connect  # scrapyd_pgqueue: tests/helpers.py
 from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE  # scrapyd_pgqueue
-from scrapyd_pgqueue.store import db  # scrapyd_pgqueue
+from scrapyd_pgqueue.database import db  # scrapyd_pgqueue
 from scrapyd_upstream import root_add_version  # scrapyd_pgqueue: was "from tests import"
 
 BASEDIR = os.path.abspath(os.path.dirname(__file__))

@@ -65,7 +65,7 @@ def run(ctx: Context) -> dict:
     statements_source, created_extension = _enable_pg_stat_statements(ctx.database_url)
     # The bench process's own pooled connections (schema migration, ...) may hold unreported statistics, which an
     # idle backend reports on a 10 s timer, into a window: closed, they report now.
-    from scrapyd_pgqueue.store import db
+    from scrapyd_pgqueue.database import db
 
     db.get_engine(ctx.database_url).dispose()
     cells = [(nodes, projects) for nodes in sizes.nodes for projects in sizes.projects]

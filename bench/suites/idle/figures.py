@@ -50,7 +50,7 @@ def _notes(series: dict, sizes: Sizes, statements_source: str | None) -> list[st
         "stmt = client-side count (SQLAlchemy before_cursor_execute on the package's engine): the SQL the pollers "
         "send, one count() or one claim each, each in autocommit with the package's SET LOCAL timeouts in the same "
         "query string (one round trip, one transaction). Nothing else goes to the server: no BEGIN/COMMIT, and no "
-        "ping (a pooled connection is checked by looking at its socket, scrapyd_pgqueue.store.db)",
+        "ping (a pooled connection is checked by looking at its socket, scrapyd_pgqueue.database.db)",
         "xact = pg_stat_database xact_commit + xact_rollback deltas of the bench database, exact: ticking stops and "
         "the pool is closed at both ends of the window, so every backend has reported; the bench's own reads and "
         "the connections the simulation opens are subtracted. 'xact unexplained' = xact - stmt: what the "

@@ -76,7 +76,7 @@ def _own_statements(with_statements: bool) -> int:
 
 class Simulation:
     def __init__(self, url: str, sizes: Sizes, with_statements: bool, workdir: Path, log):
-        from scrapyd_pgqueue.store import db
+        from scrapyd_pgqueue.database import db
 
         self.url, self.sizes, self.with_statements, self.log = url, sizes, with_statements, log
         self.workdir = workdir

@@ -34,7 +34,7 @@ front of it. Everything is removed at the end, whatever happens.
    logs) matching CONNECTION_ERRORS.
 3. **Simulated nodes** (series ``simulated``): lightweight nodes that send a node's real statements through the
    package's store (no SQL of their own), through PgBouncer, to a Postgres with ``max_connections = 50``. Each
-   simulated node has its own engine (``scrapyd_pgqueue.store.db.get_engine``, pool of 2, no overflow, its two
+   simulated node has its own engine (``scrapyd_pgqueue.database.db.get_engine``, pool of 2, no overflow, its two
    connections opened at start as a busy node's pool ends up) on a URL of its own (``?application_name=sim-<n>``,
    so PgBouncer sees one client per connection, named), and does what ``PostgresLauncher`` and
    ``PostgresPoller`` do: ``register_node``; every ``heartbeat_interval`` (5 s) the node's tick, ``node_tick``
@@ -51,7 +51,7 @@ front of it. Everything is removed at the end, whatever happens.
    the feeder) and their ratio, backends (peak), PgBouncer's clients and waiting clients, claim latency (measured
    around ``claim_next_jobs`` in the simulated node's thread: pool checkout, PgBouncer, Postgres, and the
    simulator's own GIL and CPU), heartbeat latency, timer lateness of the claim ticks, errors
-   (``scrapyd_pgqueue.store.db.DatabaseError``, and anything else separately), and the CPU used by the simulator,
+   (``scrapyd_pgqueue.database.db.DatabaseError``, and anything else separately), and the CPU used by the simulator,
    Postgres, PgBouncer and the whole machine (``/proc``): on 2 cores, the simulator competes with Postgres.
 """
 

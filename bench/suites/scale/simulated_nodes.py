@@ -49,7 +49,8 @@ class Feeder(threading.Thread):
         self.first_error = None
 
     def run(self) -> None:
-        from scrapyd_pgqueue.store import JobStore, db
+        from scrapyd_pgqueue.database import db
+        from scrapyd_pgqueue.store import JobStore
 
         engine = db.get_engine(f"{self.url}?application_name=scale-feeder", migrate_schema=False,
                                application_name="scale-feeder")

@@ -163,7 +163,8 @@ class SimNode:
     """One simulated Scrapyd node: its own engine and worker id, the launcher's and the poller's statements."""
 
     def __init__(self, number: int, simulation: Simulation):
-        from scrapyd_pgqueue.store import JobStore, db
+        from scrapyd_pgqueue.database import db
+        from scrapyd_pgqueue.store import JobStore
 
         parameters = simulation.parameters
         self.simulation, self.timer, self.stats = simulation, simulation.timer, simulation.stats
@@ -236,7 +237,7 @@ class SimNode:
 
     # LeaseKeeper: the node's tick every heartbeat_interval (bounded by it), recovery once healthy for a lease.
     def beat(self, due: float) -> None:
-        from scrapyd_pgqueue.store import db
+        from scrapyd_pgqueue.database import db
 
         if self.stopping:
             return

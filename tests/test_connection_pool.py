@@ -7,9 +7,9 @@ import uuid
 import pytest
 
 from helpers import query, wait_for
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.pool import Engine, PoolTimeout
-from scrapyd_pgqueue.store.sql import IntegrityError
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import Engine, PoolTimeout
+from scrapyd_pgqueue.database.sql import IntegrityError
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapyd_pgqueue.store.common_jobs import (
+from scrapyd_pgqueue.job_rules.common_jobs import (
     CommonJob,
     CommonJobs,
     NotCommon,
@@ -19,7 +19,7 @@ from scrapyd_pgqueue.store.common_jobs import (
     common_job_request,
     job_from_json_text,
 )
-from scrapyd_pgqueue.store.job_requests import MAX_DELAY_SECONDS, RefusedJob, job_from_json, parse_json
+from scrapyd_pgqueue.job_rules.job_requests import MAX_DELAY_SECONDS, RefusedJob, job_from_json, parse_json
 
 # Values near every rule's edges: empty, NUL, '/', '=', reserved names, long text, non-text where text goes.
 TEXTS = st.one_of(

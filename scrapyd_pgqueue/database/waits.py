@@ -19,10 +19,10 @@ import time
 import psycopg2
 import psycopg2.extensions
 
-from scrapyd_pgqueue.store.sql import DatabaseAddress, DriverError, address_of
-from scrapyd_pgqueue.store.throttled_log import ThrottledLog
+from scrapyd_pgqueue.database.sql import DatabaseAddress, DriverError, address_of
+from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 
-log = logging.getLogger("scrapyd_pgqueue.store.db")
+log = logging.getLogger("scrapyd_pgqueue.database.db")
 
 CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
 # What a server (or PgBouncer) says when it has no connection to spare, or cannot serve one yet: worth waiting for.
@@ -99,7 +99,8 @@ def copy_allowed() -> bool:
 
 def wait_without_deadlines() -> None:
     """Let this process COPY, for a process whose only database thread is a command's writer (``enqueue``): its
-    waits are then bounded by the connections' TCP timeouts (``pool.TCP_SETTINGS``) instead of thread deadlines."""
+    waits are then bounded by the connections' TCP timeouts (``connection_pool.TCP_SETTINGS``) instead of thread
+    deadlines."""
     psycopg2.extensions.set_wait_callback(None)
 
 def describe(url: str | DatabaseAddress) -> str:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 import psycopg2
+import psycopg2.sql
 
 from scrapyd_pgqueue.config import url_ambiguity
 
@@ -80,6 +81,11 @@ class Statement:
 
     def __repr__(self) -> str:
         return f"text({self.text!r})"
+
+
+def listen_statement(channel: str) -> psycopg2.sql.Composed:
+    """``LISTEN`` on a channel, its name quoted as an identifier (a channel's name is any text a subscriber gives)."""
+    return psycopg2.sql.SQL("LISTEN {}").format(psycopg2.sql.Identifier(channel))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -11,14 +11,16 @@ import functools
 import json
 import math
 import uuid
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
 
 from scrapyd_pgqueue.config import InvalidTagsError, parse_tags
-from scrapyd_pgqueue.store import MAX_NAME_BYTES, NO_OPTIONS, ON_CONFLICT, UNIQUE_SCOPES, InvalidJobError, JobOptions
-from scrapyd_pgqueue.store.base import check_priority as priority_rule
-from scrapyd_pgqueue.store.base import is_finite
+from scrapyd_pgqueue.job_rules.checks import MAX_NAME_BYTES, InvalidJobError, is_finite
+from scrapyd_pgqueue.job_rules.checks import check_priority as priority_rule
+from scrapyd_pgqueue.job_rules.options import NO_OPTIONS, ON_CONFLICT, UNIQUE_SCOPES, JobOptions
+from scrapyd_pgqueue.job_rules.timing import Timing, check_timing
 
 # Jobs one schedule_batch.json request may carry (the command streams any number, in batches of this size).
 MAX_BATCH_JOBS = 10_000
@@ -171,7 +173,7 @@ class JobRequest(NamedTuple):
 
 
 def check_priority(priority: Any) -> float:
-    """The priority rule of every way in (``store.base.check_priority``), refusing with RefusedJob."""
+    """The priority rule of every way in (``checks.check_priority``), refusing with RefusedJob."""
     try:
         return priority_rule(priority)
     except InvalidJobError as e:
@@ -379,12 +381,27 @@ def _strings(what: str, values: Any) -> dict[str, str]:
     return strings
 
 
+@dataclass(frozen=True)
+class PeriodicJob:
+    """A periodic job as the operator defines it."""
+
+    name: str
+    project: str
+    spider: str
+    timing: Timing
+    priority: float = 0.0
+    args: dict[str, str] | None = None
+    settings: dict[str, str] | None = None
+    overlap: str = "skip"
+    max_runtime: float | None = None  # each fired job's _max_runtime and _stall_timeout
+    stall_timeout: float | None = None
+    tags: tuple[str, ...] | None = None  # each fired job's _tags (checked); None: its spider's route at each firing
+
+
 def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC", priority=0.0, args=None,
                  settings=None, overlap="skip", max_runtime=None, stall_timeout=None, tags=None):
     """A PeriodicJob checked by schedule.json's rules for what reaches the crawl (RefusedJob or
     InvalidScheduleError say why not)."""
-    from scrapyd_pgqueue.store import PeriodicJob, Timing, check_timing
-
     timing = check_timing(Timing(cron=cron, timezone=timezone, every_seconds=every))
     job_from_json({"spider": spider, "args": args or {}, "settings": settings or {}})  # RefusedJob: what is wrong
     limits = watchdog_limits({"max_runtime": max_runtime, "stall_timeout": stall_timeout})

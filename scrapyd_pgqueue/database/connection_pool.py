@@ -25,7 +25,7 @@ from collections.abc import Callable
 import psycopg2
 import psycopg2.extensions
 
-from scrapyd_pgqueue.store.sql import (
+from scrapyd_pgqueue.database.sql import (
     DriverError,
     Result,
     Statement,
@@ -33,7 +33,7 @@ from scrapyd_pgqueue.store.sql import (
     driver_dsn,
     text,
 )
-from scrapyd_pgqueue.store.waits import connect_when_served, count_statement, remaining_time
+from scrapyd_pgqueue.database.waits import connect_when_served, count_statement, remaining_time
 
 STATEMENT_TIMEOUT_MS = 15_000  # no queue statement legitimately runs longer
 # Timeouts for the server, sent with every statement in the same query string: one round trip, no session state

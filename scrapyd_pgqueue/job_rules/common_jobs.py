@@ -5,7 +5,7 @@ msgspec decodes such an object into ``CommonJob`` in C, types checked as it goes
 ``job_requests.job_from_json`` then apply, by the same functions, without the type checks a JSON value of any shape
 needs. Anything else (another key, a number or boolean where text goes, a value a rule refuses) takes the general
 path, which gives every refusal its one message: the fast path never refuses a job itself, and a job it takes
-comes out exactly as the general path makes it (tests/test_store_common_jobs.py checks both on random objects).
+comes out exactly as the general path makes it (tests/test_job_rules_common_jobs.py checks both on random objects).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import uuid
 
 import msgspec
 
-from scrapyd_pgqueue.store import MAX_NAME_BYTES, ON_CONFLICT, JobOptions
-from scrapyd_pgqueue.store.job_requests import (
+from scrapyd_pgqueue.job_rules.checks import MAX_NAME_BYTES
+from scrapyd_pgqueue.job_rules.job_requests import (
     MAX_DELAY_SECONDS,
     SCHEDULE_PARAMETERS,
     JobRequest,
@@ -28,6 +28,7 @@ from scrapyd_pgqueue.store.job_requests import (
     job_from_json,
     parse_json,
 )
+from scrapyd_pgqueue.job_rules.options import ON_CONFLICT, JobOptions
 
 # Priorities the fast path takes: decoded as a float, an integer beyond 2 ** 52 may have been rounded before the
 # priority rule saw it (the general path sees the integer itself).

@@ -1,7 +1,8 @@
 """The connector: a process's engines, the store's operations on them, and the schema's migration.
 
-The store reaches psycopg2 through this module and the two below it: ``pool.py`` (a fixed pool of connections) and
-``sql.py`` (statements, results, errors). SQLAlchemy and Alembic are imported only when the schema must change.
+The store reaches psycopg2 through this module and the two below it: ``connection_pool.py`` (a fixed pool of
+connections) and ``sql.py`` (statements, results, errors). SQLAlchemy and Alembic are imported only when the schema
+must change.
 
 Scrapyd creates queue and storage objects often (per project, on every deploy, in every crawl subprocess), so
 engines are shared per process and URL, and the schema is migrated once per engine.
@@ -33,7 +34,7 @@ from importlib.resources import files
 
 import psycopg2
 
-from scrapyd_pgqueue.store.pool import (  # noqa: F401 - offered here too: the connector's callers know one module
+from scrapyd_pgqueue.database.connection_pool import (  # noqa: F401 - offered here too: the connector's callers know one module
     STATEMENT_PREFIX,
     TCP_SETTINGS,
     TRANSACTION_CONTROL,
@@ -41,8 +42,8 @@ from scrapyd_pgqueue.store.pool import (  # noqa: F401 - offered here too: the c
     Engine,
     PoolTimeout,
 )
-from scrapyd_pgqueue.store.sql import DriverError, IntegrityError, Statement, driver_dsn, reads_only, text  # noqa: F401
-from scrapyd_pgqueue.store.waits import (  # noqa: F401 - offered here too: the connector's callers know one module
+from scrapyd_pgqueue.database.sql import DriverError, IntegrityError, Statement, driver_dsn, reads_only, text  # noqa: F401
+from scrapyd_pgqueue.database.waits import (  # noqa: F401 - offered here too: the connector's callers know one module
     BUSY_SERVER_MESSAGES,
     CONNECT_TIMEOUT,
     DatabaseTimeout,
@@ -229,6 +230,16 @@ def _all_or_none(send: Callable[[str], object], broken: type[Exception]):
 
 
 # --- engines -------------------------------------------------------------------------------------------------
+
+
+# The driver's error for a server that cannot be reached, or refused the login: what local tooling waits out.
+OperationalError = psycopg2.OperationalError
+
+
+def direct_connection(**params) -> psycopg2.extensions.connection:
+    """A plain driver connection (libpq's keywords), outside every pool and bounded wait: for local tooling (a
+    throwaway server's start, PgBouncer's admin console), never for a node's work."""
+    return psycopg2.connect(**params)
 
 
 def normalise_url(url: str) -> str:

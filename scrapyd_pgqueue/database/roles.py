@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import psycopg2.extensions
 from psycopg2 import sql
 
-from scrapyd_pgqueue.store import db
-from scrapyd_pgqueue.store.pool import STATEMENT_TIMEOUT_MS, Engine
-from scrapyd_pgqueue.store.sql import text
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.connection_pool import STATEMENT_TIMEOUT_MS, Engine
+from scrapyd_pgqueue.database.sql import text
 
 NODE_PASSWORD_VARIABLE = "SCRAPYD_NODE_PASSWORD"
 ROW_RIGHTS = "SELECT, INSERT, UPDATE, DELETE"
@@ -68,11 +68,11 @@ OTHER_ROLES_CONNECTIONS = 3
 class RoleLimits:
     """Role settings (ALTER ROLE ... SET) bounding what one session of the node role can hold up; seconds, 0: none.
 
-    A node sends its own statement_timeout and lock_timeout with every statement (``pool.STATEMENT_PREFIX``, 15 s),
-    so these apply to what does not: the claim function (which sets only its lock_timeout), BEGIN/COMMIT, and any
-    session that is not a node's. A session may SET them again: they bound the careless, not the determined (whom
-    the node role's rights bound). A None is the default, set only when the role has no such setting yet (an
-    operator's own value stays); a number is set."""
+    A node sends its own statement_timeout and lock_timeout with every statement
+    (``connection_pool.STATEMENT_PREFIX``, 15 s), so these apply to what does not: the claim function (which sets
+    only its lock_timeout), BEGIN/COMMIT, and any session that is not a node's. A session may SET them again: they
+    bound the careless, not the determined (whom the node role's rights bound). A None is the default, set only
+    when the role has no such setting yet (an operator's own value stays); a number is set."""
 
     lock_timeout: float | None = None  # default: above the 15 s a node's statements wait for a lock
     statement_timeout: float | None = None  # default: four times the 15 s any node statement is given
