@@ -43,7 +43,7 @@ from scrapyd_pgqueue.contracts import IClaimingPoller, IEggFiles
 from scrapyd_pgqueue.crawl_process import launch
 from scrapyd_pgqueue.crawl_process.crawl_node import JOB_VARIABLE
 from scrapyd_pgqueue.crawl_process.job_stats import INTERVAL_VARIABLE, STATS_FD
-from scrapyd_pgqueue.node import spawning
+from scrapyd_pgqueue.node import relayed, spawning
 from scrapyd_pgqueue.node.crawl_api import SOCKET_DIRECTORY, CrawlApi
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment, node_secrets
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
@@ -347,8 +347,8 @@ class PostgresLauncher(Launcher):
 
     def _spawn_cold(self, process, egg):
         """A new Python running the runner, started by the node's spawner."""
-        ours, theirs = spawning.pipes((1, 2, STATS_FD))
-        child = spawning.RelayedProcess(process, ours)
+        ours, theirs = relayed.pipes((1, 2, STATS_FD))
+        child = relayed.RelayedProcess(process, ours)
         launch_fd = spawning.launch_file(process.launch)
         fds = {**theirs, launch.LAUNCH_FD: launch_fd, **({launch.EGG_FD: egg.fd} if egg is not None else {})}
         try:
@@ -358,7 +358,7 @@ class PostgresLauncher(Launcher):
             child.close_pipes()
             raise
         finally:
-            spawning.close_all([*theirs.values(), launch_fd])
+            relayed.close_all([*theirs.values(), launch_fd])
 
     def crawl_started(self, process):
         """The crawl's pid is known (once started by the spawner or forked when warm): its token is its process's

@@ -13,10 +13,7 @@ import dataclasses
 import os
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the crawl API's type, which imports this module
-    from scrapyd_pgqueue.crawl import FollowUp
+from typing import Any
 
 # The crawl's job id, as the node's launcher gives it.
 JOB_VARIABLE = "SCRAPY_JOB"
@@ -59,7 +56,7 @@ class Scheduler:
         self.address, self.token, self.parent = address, token, parent
         self.version = os.environ.get(VERSION_VARIABLE) or None
 
-    def schedule(self, follow_ups: list[FollowUp]) -> list[str]:
+    def schedule(self, follow_ups: list) -> list[str]:
         jobs = []
         for index, follow_up in enumerate(follow_ups):
             try:
@@ -71,7 +68,7 @@ class Scheduler:
         except _RefusedAt as e:
             raise ValueError(f"follow-up {e.index}: {e}" if len(jobs) > 1 else str(e)) from None
 
-    def job(self, follow_up: FollowUp) -> dict[str, Any]:
+    def job(self, follow_up) -> dict[str, Any]:
         """The job object the node checks by schedule_batch.json's rules; ValueError for what is plainly wrong."""
         if not isinstance(follow_up.spider, str) or not follow_up.spider:
             raise ValueError(f"the spider must be a non-empty string, not {follow_up.spider!r}")
@@ -114,7 +111,7 @@ class Scheduler:
                 return outcomes, e
         return outcomes, None
 
-    def _job_object(self, follow_up: FollowUp) -> dict[str, Any]:
+    def _job_object(self, follow_up) -> dict[str, Any]:
         job: dict[str, Any] = {
             "spider": follow_up.spider,
             "priority": follow_up.priority,

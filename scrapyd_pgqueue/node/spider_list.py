@@ -17,7 +17,7 @@ from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.contracts import IEggFiles
 from scrapyd_pgqueue.crawl_process import launch
 from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE, VERSION_VARIABLE
-from scrapyd_pgqueue.node import spawning
+from scrapyd_pgqueue.node import relayed, spawning
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 
@@ -51,7 +51,7 @@ class NodeSpiderList(webservice.SpiderList):
                 reactor, spawning.run_to_end, [*spawning.PYTHON, "-m", runner, "list"], env, project,
                 spawning.crawl_uid(project), fds)
         finally:
-            spawning.close_all([launch_fd, *([egg.fd] if egg is not None else [])])
+            relayed.close_all([launch_fd, *([egg.fd] if egg is not None else [])])
         if code:
             raise RunnerError((stderr or stdout or b"").decode())
         spiders = stdout.decode().splitlines()

@@ -33,7 +33,7 @@ from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.crawl_process import launch, warm_process
 from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE
 from scrapyd_pgqueue.crawl_process.job_stats import STATS_FD
-from scrapyd_pgqueue.node import spawning
+from scrapyd_pgqueue.node import relayed, spawning
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
 
 log = Logger()
@@ -42,7 +42,7 @@ log = Logger()
 READY_TIMEOUT = 120.0
 
 
-class WarmCrawl(spawning.RelayedProcess):
+class WarmCrawl(relayed.RelayedProcess):
     """The transport of one forked crawl: its pipes, its pid once forked, signals through its warm process."""
 
     forked = True
@@ -85,8 +85,8 @@ class WarmProcess:
         writable = [*pool.project_directories(project), os.path.join(pool.crawls_dir, project),
                     *pool.settings.crawl_paths, os.devnull]
         launch_fd = spawning.launch_file({launch.LANDLOCK: spawning.boundary().landlock, launch.WRITABLE: writable})
-        ours, out = spawning.pipes((1, 2))
-        self.process = spawning.RelayedProcess(WarmOutput(project), ours)
+        ours, out = relayed.pipes((1, 2))
+        self.process = relayed.RelayedProcess(WarmOutput(project), ours)
         control = warm_process.CONTROL_FD
         try:
             spawning.node_spawner().start(
@@ -99,7 +99,7 @@ class WarmProcess:
             raise
         finally:
             theirs.close()
-            spawning.close_all([*out.values(), launch_fd])
+            relayed.close_all([*out.values(), launch_fd])
         self.uid = process.uid
         # For its crawls that go cold if it dies before forking them.
         self.egg = None if egg is None else SealedEgg(os.dup(egg.fd), egg.digest)
@@ -127,14 +127,14 @@ class WarmProcess:
                                                                  uuid.uuid4().hex)}).encode()
         if not self.alive or len(message) > warm_process.MAX_MESSAGE or process.uid != self.uid:
             return False
-        ours, theirs = spawning.pipes((1, 2, STATS_FD))
+        ours, theirs = relayed.pipes((1, 2, STATS_FD))
         try:
             socket.send_fds(self.socket, [message], list(theirs.values()))  # warm_process.CRAWL_FDS, in order
         except OSError:  # full (a warm process still importing with many crawls queued), or gone
-            spawning.close_all(ours.values())
+            relayed.close_all(ours.values())
             return False
         finally:
-            spawning.close_all(theirs.values())
+            relayed.close_all(theirs.values())
         crawl = self.crawls[number] = WarmCrawl(process, ours)
         crawl.signaller = lambda signal_number: self.signal(number, signal_number)
         self.last_used = time.monotonic()
@@ -162,7 +162,7 @@ class WarmProcess:
         return f"Warm,{self.key[0]}"
 
     def doRead(self):
-        return spawning.read_messages(self.socket, self.received)
+        return relayed.read_messages(self.socket, self.received)
 
     def received(self, message: dict) -> None:
         if warm_process.READY in message:
