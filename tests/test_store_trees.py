@@ -120,6 +120,37 @@ def test_cancelling_a_tree_leaves_nothing_of_it_waiting_or_running(database_url)
     assert claim_all(store) == [] and tree.completion_job is None  # a cancelled tree's completion never runs
 
 
+def test_a_child_being_scheduled_while_its_tree_is_cancelled_is_cancelled_too(database_url):
+    """A batch of children holds its tree's row (as every enqueue into a tree does) in a transaction this test keeps
+    open; the cancel waits for it and, once the children commit, cancels them: none is left for a node to claim."""
+    store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
+    store.enqueue("p", {"name": "root", "_job": "r"})
+    [root] = claim_all(store)
+    store.enqueue_many("p", children("r", "a"))
+    scheduling = connect(database_url)
+    scheduling.autocommit = False
+    with scheduling.cursor() as cursor:
+        cursor.execute("SELECT root_id FROM spider_tree WHERE root_id = %s FOR NO KEY UPDATE", (root.id,))
+        cursor.execute("INSERT INTO spider_job (project, spider, job, message, created_time, parent_id, tree_id) "
+                       "SELECT project, 'page', 'late', message, now(), id, id FROM spider_job WHERE id = %s",
+                       (root.id,))
+    answers = []
+    thread = threading.Thread(target=lambda: answers.append(cluster.cancel_tree("p", "r")))
+    thread.start()
+    try:
+        wait_for(lambda: query(database_url, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                                             "AND wait_event_type = 'Lock'"), 30, "the cancel to wait for the tree")
+    finally:
+        scheduling.commit()
+        scheduling.close()
+        thread.join()
+    assert answers == [{"cancelled": 2, "signalled": 1}]  # the child a and the late one; the root
+    assert query(database_url, "SELECT status, outcome FROM spider_job WHERE job = 'late'") == [
+        ("terminated", "cancelled")
+    ]
+    assert claim_all(store) == []
+
+
 def test_a_roots_tree_scoped_key_is_taken_in_the_tree_it_starts(database_url):
     store, cluster = JobStore.for_url(database_url), AllJobsStore.for_url(database_url)
     home = JobOptions(unique_key="home", unique_scope="tree")

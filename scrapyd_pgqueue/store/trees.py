@@ -138,6 +138,11 @@ TREE_FAILURES = text("""
     LIMIT :limit
 """)
 
+# The tree's row, locked until the cancel commits, before CANCEL_TREE takes its snapshot: a batch of children being
+# scheduled into the tree holds this lock (LOCK_TREES) until it commits, so CANCEL_TREE sees its children waiting;
+# a batch that comes after waits for the cancel and then finds the tree cancelled (CANCELLED_TREES).
+LOCK_TREE_FOR_CANCEL = text("SELECT root_id FROM spider_tree WHERE root_id = :tree_id FOR NO KEY UPDATE")
+
 # Cancel a whole tree: mark it (children scheduled later are cancelled as they come), cancel its waiting jobs, and
 # ask the nodes running its running jobs to signal them (one request each, NOTIFY as cancel.json does). Only while
 # the caller still waits for the answer (IN_TIME), as one job's. The waiting jobs' webhooks' events (ended) are
@@ -365,12 +370,13 @@ class TreeQueries:
     @database_errors
     def cancel_tree(self, project: str, root: str, signal: str = "INT") -> dict[str, int] | None:
         """Cancel every waiting job of the tree of ``root`` and signal its running ones; None when unknown."""
-        with db.autocommit(self.engine) as connection:
+        with db.transaction(self.engine) as connection:
             found = connection.execute(LINEAGE, {"job": root, "project": project}).first()
             if found is None:
                 return None
             params = {"tree_id": found.tree_id, "signal": signal, "channel": CANCEL_CHANNEL,
                       "answer_by": db.answer_by()}
+            connection.execute(LOCK_TREE_FOR_CANCEL, params)
             row = connection.execute(CANCEL_TREE, params).one()
             if not row.in_time:
                 raise db.too_late(self.engine, "nothing was cancelled")
