@@ -18,10 +18,10 @@ from scrapyd.config import Config
 from scrapyd.utils import initialize_component
 
 from helpers import jobs, query, runs_of, wait_for
-from scrapyd_pgqueue import application
+from scrapyd_pgqueue import one_line_config
+from scrapyd_pgqueue.config import COMPONENTS, SERVICES, apply_defaults
 from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
-from scrapyd_pgqueue.one_line_config import OneLineConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # Imports each dotted path given (a module, or a module's attribute) in a fresh interpreter, as Scrapyd loads a
@@ -55,9 +55,9 @@ signal.signal(signal.SIGUSR1, _write_modules)
 HALF_NODE = "[scrapyd]\nspiderqueue = scrapyd_pgqueue.PostgresSpiderQueue\n[settings]\nexample = example.settings\n"
 # README's explicit form: every component and service named, no webroot (Scrapyd's own root) and Scrapyd's runner.
 EXPLICIT_NODE = "".join([
-    "[scrapyd]\n", *(f"{option} = {path}\n" for option, path in application.COMPONENTS.items()
+    "[scrapyd]\n", *(f"{option} = {path}\n" for option, path in COMPONENTS.items()
                     if option not in ("webroot", "runner")),
-    "[services]\n", *(f"{name} = {path}\n" for name, path in application.SERVICES.items()),
+    "[services]\n", *(f"{name} = {path}\n" for name, path in SERVICES.items()),
     "[settings]\nexample = example.settings\n",
 ])
 
@@ -93,7 +93,7 @@ def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path
     config = config_from(
         ONE_LINE_NODE + "launcher = my.Launcher\n[services]\ncancel.json = my.Cancel\n", tmp_path, monkeypatch
     )
-    application.apply_defaults(config)
+    apply_defaults(config)
     assert config.get("poller") == "scrapyd_pgqueue.PostgresPoller"  # Scrapyd's default: replaced
     assert config.get("webroot") == "scrapyd_pgqueue.web.root.Root"
     assert config.get("runner") == "scrapyd_pgqueue.runner"
@@ -105,18 +105,18 @@ def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path
     assert services["listprojects.json"] == "scrapyd.webservice.ListProjects"  # Scrapyd's own where ours adds nothing
     assert services["addversion.json"] == "scrapyd_pgqueue.services.eggs.AddVersion"  # Scrapyd's, off the reactor
     assert services["alive.json"] == "scrapyd_pgqueue.services.jobs.Alive"
-    assert application.half_configuration(config) == []  # classes of the user's own are not Scrapyd's per-node ones
+    assert one_line_config.half_configuration(config) == []  # classes of the user's own are not Scrapyd's per-node ones
 
 
 def test_the_crawl_runner_reads_the_same_configuration(tmp_path, monkeypatch, database_url):
     config_from(ONE_LINE_NODE, tmp_path, monkeypatch)
     monkeypatch.setenv("SCRAPYD_DATABASE_URL", database_url)
-    storage = initialize_component(OneLineConfig(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
+    storage = initialize_component(one_line_config.OneLineConfig(), "eggstorage", "scrapyd.eggstorage.FilesystemEggStorage")
     assert type(storage).__name__ == "PostgresEggStorage"
 
 
 def test_half_a_configuration_names_what_is_wrong(tmp_path, monkeypatch):
-    problems = application.half_configuration(config_from(HALF_NODE, tmp_path, monkeypatch))
+    problems = one_line_config.half_configuration(config_from(HALF_NODE, tmp_path, monkeypatch))
     assert [problem.split(" = ")[0].split(" ")[0] for problem in problems] == ["poller", "launcher", "jobstorage",
                                                                                "[services]"]
     assert "status.json answers null for a job running on another node" in problems[-1]
@@ -161,7 +161,7 @@ def test_a_half_configured_node_warns_at_start_up_with_the_fixing_line(database_
     (node,) = start_cluster(database_url, 1, base_config=HALF_NODE).nodes
     log = wait_for(lambda: (text := node.logfile.read_text()) and "not all of its components" in text and text, 30,
                    "the warning")
-    assert application.ONE_LINE in log
+    assert one_line_config.ONE_LINE in log
     assert "poller = scrapyd.poller.QueuePoller" in log and "[services] status.json" in log
 
 
@@ -177,14 +177,14 @@ def test_the_explicit_form_s_services_answer_under_scrapyd_s_own_root(database_u
 
 def test_a_custom_runner_that_goes_around_the_one_line_is_named_with_the_fixing_line(tmp_path, monkeypatch):
     wrapped = config_from(ONE_LINE_NODE + "runner = mycompany.runner\n", tmp_path, monkeypatch)
-    [problem] = application.bypassed_defaults(wrapped)
+    [problem] = one_line_config.bypassed_defaults(wrapped)
     assert "runner = mycompany.runner" in problem and "no active project" in problem
     assert "'eggstorage = scrapyd_pgqueue.PostgresEggStorage'" in problem
     # The eggstorage line in the file: the runner's subprocesses read it, nothing to say.
     fixed = config_from(ONE_LINE_NODE + "runner = mycompany.runner\neggstorage = scrapyd_pgqueue.PostgresEggStorage\n",
                         tmp_path, monkeypatch)
-    assert application.bypassed_defaults(fixed) == []
-    assert application.bypassed_defaults(config_from(ONE_LINE_NODE, tmp_path, monkeypatch)) == []
+    assert one_line_config.bypassed_defaults(fixed) == []
+    assert one_line_config.bypassed_defaults(config_from(ONE_LINE_NODE, tmp_path, monkeypatch)) == []
 
 
 def test_a_one_line_node_with_a_wrapping_runner_warns_at_start_up(database_url, start_cluster):
@@ -207,5 +207,5 @@ def test_a_node_refuses_to_listen_beyond_loopback_without_a_password(database_ur
         with pytest.raises(urllib.error.HTTPError) as anonymous:
             urllib.request.urlopen(f"{node.url}daemonstatus.json", timeout=30)
         assert anonymous.value.code == 401
-    assert application.open_to_the_network(Config(values={"bind_address": "::1"})) is None
-    assert application.open_to_the_network(Config(values={"bind_address": "localhost"})) is None
+    assert one_line_config.open_to_the_network(Config(values={"bind_address": "::1"})) is None
+    assert one_line_config.open_to_the_network(Config(values={"bind_address": "localhost"})) is None

@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 
-from scrapyd_pgqueue.crawl_process.job_stats import MAX_LINE_BYTES, json_safe, stats_summary
+from scrapyd_pgqueue.crawl_process.job_stats import MAX_LINE_BYTES, SUMMARY_KEYS, json_safe, stats_summary
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
+from scrapyd_pgqueue.store.all_jobs import FINISHED_JOBS, RUNNING_JOBS
 from scrapyd_pgqueue.web import metrics
 
 
@@ -24,6 +26,12 @@ def test_the_summary_reads_items_requests_errors_and_the_reason():
     assert stats_summary(None) == {"items": None, "requests": None, "errors": None, "finish_reason": None}
     forged = {"item_scraped_count": "many", "log_count/ERROR": -4, "finish_reason": {"not": "text"}}
     assert stats_summary(forged) == {"items": 0, "requests": 0, "errors": 0, "finish_reason": None}
+
+
+def test_the_lists_of_jobs_read_every_key_of_the_summary_and_no_other():
+    for statement in (RUNNING_JOBS, FINISHED_JOBS):
+        summary = statement.text[statement.text.index("jsonb_build_object("):statement.text.index("END AS stats")]
+        assert sorted(set(re.findall(r"j\.stats->'([^']+)'", summary))) == sorted(SUMMARY_KEYS)
 
 
 def test_values_are_made_what_postgres_jsonb_takes():

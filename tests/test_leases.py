@@ -16,7 +16,7 @@ from scrapyd_pgqueue import store as store_module
 from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.job_rules.options import JobOptions
 from scrapyd_pgqueue.local.cluster import LocalCluster
-from scrapyd_pgqueue.store import AllJobsStore, JobStore
+from scrapyd_pgqueue.store import AllJobsStore, JobStore, nodes
 
 NOW = datetime.datetime.now
 
@@ -198,7 +198,9 @@ def test_recovery_is_one_statement_that_reads_the_running_jobs_index(store, admi
               "known_ids": [], "claimed_before": NOW(), "channel": store_module.NOTIFY_CHANNEL, "prompt_seconds": 60.0,
               "stats": "[]"}
     with store.engine.connect() as connection:
-        plan = "\n".join(connection.execute(text("EXPLAIN " + store_module.NODE_TICK_QUERY), params).scalars())
+        # The tick's statement, after its SET LOCAL lock_timeout.
+        statement = nodes.NODE_TICK.text.partition(";")[2]
+        plan = "\n".join(connection.execute(text("EXPLAIN " + statement), params).scalars())
     assert "spider_job_ongoing_worker_idx" in plan, plan
 
 
@@ -267,7 +269,7 @@ def test_claims_whose_reply_was_lost_go_back_to_pending(store, admin_connection)
 
 
 def test_one_tick_renews_the_lease_recovers_releases_and_reads_cancels_eggs_and_periodic(store, admin_connection):
-    from scrapyd_pgqueue.job_rules.job_requests import PeriodicJob
+    from scrapyd_pgqueue.job_rules.periodic_jobs import PeriodicJob
     from scrapyd_pgqueue.job_rules.timing import Timing
     from scrapyd_pgqueue.store import EggStore, ScheduleStore
 

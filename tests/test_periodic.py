@@ -15,7 +15,8 @@ import pytest
 
 from helpers import query, runs, wait_for
 from scrapyd_pgqueue import cli
-from scrapyd_pgqueue.job_rules.job_requests import PeriodicJob, RefusedJob, periodic_job
+from scrapyd_pgqueue.job_rules.job_requests import RefusedJob
+from scrapyd_pgqueue.job_rules.periodic_jobs import PeriodicJob, periodic_job
 from scrapyd_pgqueue.job_rules.timing import InvalidScheduleError, Timing, check_timing, first_due_after
 from scrapyd_pgqueue.node.periodic import MAX_SLEEP, MIN_SLEEP, PeriodicFirer
 from scrapyd_pgqueue.store import JobStore, ScheduleStore, WatchdogLimits

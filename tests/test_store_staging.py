@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapyd_pgqueue.job_rules.options import JobOptions
-from scrapyd_pgqueue.store.enqueue import ENQUEUE_COLUMNS, checked_row
-from scrapyd_pgqueue.store.staging import _copy_line, _staged_line
+from scrapyd_pgqueue.store.enqueue import ENQUEUE_COLUMNS, ENQUEUE_JOBS, checked_row
+from scrapyd_pgqueue.store.staging import MOVE_STAGED_JOBS, REPLACE_STAGED_JOBS, _copy_line, _staged_line
 
 # Text COPY must escape, text it must not, and text around them (no NUL: no name may hold one).
 TEXTS = st.one_of(st.sampled_from(["s", "tab\there", "line\nbreak", "cr\rhere", "back\\slash", "\\N", "é", ""]),
@@ -35,3 +35,17 @@ def test_the_line_of_a_bulk_replace_job_holds_its_key_and_no_other_option():
     row = checked_row("p", ({"name": "s", "_job": "j", "url": "u"}, 5.0, JobOptions(unique_key="k")), 0)
     expected = "7\t7\ts\tj\t\\N\t5.0\t" + row["message"] + "\t\\N\t\\N\tk\t0\t0.0" + "\t\\N" * 7 + "\n"
     assert _staged_line(7, row) == expected
+
+
+def test_the_move_of_staged_jobs_is_the_enqueue_over_staged_rows_with_their_ids():
+    """Both statements are written out whole: past their batch (JSON rows, staged rows), they differ only by the ids
+    the staged rows carry; a replace sets the same columns in all three."""
+    def after_batch(statement):
+        return statement.text[statement.text.index("), inserted AS ("):]
+
+    assert after_batch(MOVE_STAGED_JOBS).replace("(id, project,", "(project,").replace(
+        "SELECT id, :project,", "SELECT :project,") == after_batch(ENQUEUE_JOBS)
+    replaced = ("(spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime, stall_timeout, "
+                "pool)")
+    for statement in (ENQUEUE_JOBS, MOVE_STAGED_JOBS, REPLACE_STAGED_JOBS):
+        assert replaced in " ".join(statement.text.split()).replace("( ", "("), statement

@@ -149,7 +149,7 @@ def test_a_cancelled_tree_writes_ended_events_for_its_waiting_jobs_and_then_its_
 
 
 def test_a_periodic_skip_writes_its_event_in_the_same_transaction(database_url, store):
-    from scrapyd_pgqueue.job_rules.job_requests import PeriodicJob
+    from scrapyd_pgqueue.job_rules.periodic_jobs import PeriodicJob
     from scrapyd_pgqueue.job_rules.timing import Timing
 
     hooks = WebhookStore.for_url(database_url)

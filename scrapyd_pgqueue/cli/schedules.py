@@ -9,7 +9,7 @@ settings, here and in the HTTP services.
 from __future__ import annotations
 
 from scrapyd_pgqueue.cli.output import fail, print_json, print_listing, subcommand, when
-from scrapyd_pgqueue.job_rules.job_requests import periodic_job
+from scrapyd_pgqueue.job_rules.periodic_jobs import periodic_job
 
 PERIODIC_HELP = "jobs fired on a schedule (cron or every N seconds) by whichever node is alive, once per due time"
 LIMIT_HELP = "cluster-wide limits: at most N crawls of a spider at once on all nodes together"

@@ -4,9 +4,9 @@ from scrapyd.interfaces import ISpiderQueue
 from zope.interface import implementer
 
 from scrapyd_pgqueue import config as pgconfig
-from scrapyd_pgqueue.application import warn_half_configuration
 from scrapyd_pgqueue.database import roles
 from scrapyd_pgqueue.job_rules.job_requests import OPTION_FIELDS, options_from_fields
+from scrapyd_pgqueue.one_line_config import warn_half_configuration
 from scrapyd_pgqueue.store import JobStore
 
 

@@ -3,7 +3,8 @@
 Each module imports only its neighbours here (and ``config``), never the store or the job rules above it:
 
 - ``db``: the connector: a process's engines, the store's operations on them (bounded, errors as ``DatabaseError``),
-  the one clock, and the schema's migration (SQLAlchemy and Alembic imported only then).
+  and the schema's migration (SQLAlchemy and Alembic imported only then).
+- ``clock``: the database's clock as this process knows it, and the deadline a write must meet on it.
 - ``connection_pool``: a process's connections to one database, a fixed pool of psycopg2 connections in autocommit.
 - ``sql``: statements (``text()``), their results and the driver's errors.
 - ``waits``: bounded waits: every wait of a thread ends at its deadline; a server that refuses for now is waited for.

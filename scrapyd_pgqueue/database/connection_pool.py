@@ -38,7 +38,7 @@ from scrapyd_pgqueue.database.waits import connect_when_served, count_statement,
 STATEMENT_TIMEOUT_MS = 15_000  # no queue statement legitimately runs longer
 # Timeouts for the server, sent with every statement in the same query string: one round trip, no session state
 # (so PgBouncer's transaction pooling keeps them), and an autocommit statement stays one implicit transaction.
-STATEMENT_PREFIX = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; SET LOCAL lock_timeout = {STATEMENT_TIMEOUT_MS}; "
+STATEMENT_PREFIX = "SET LOCAL statement_timeout = 15000; SET LOCAL lock_timeout = 15000; "  # STATEMENT_TIMEOUT_MS
 TRANSACTION_CONTROL = {"BEGIN", "COMMIT", "ROLLBACK"}  # sent as they are (see Connection.control)
 # TCP settings of every connection: a dead peer is noticed within seconds when idle (keepalives), and data sent
 # but never acknowledged (a cut path) fails the connection after tcp_user_timeout milliseconds.

@@ -1,4 +1,5 @@
-"""The connector: a process's engines, the store's operations on them, and the schema's migration.
+"""The connector: a process's engines, the store's operations on them, and the schema's migration (the database's
+clock is ``clock.py``'s).
 
 The store reaches psycopg2 through this module and the two below it: ``connection_pool.py`` (a fixed pool of
 connections) and ``sql.py`` (statements, results, errors). SQLAlchemy and Alembic are imported only when the schema
@@ -11,9 +12,11 @@ A node's budget of server connections is fixed: with ``listen_notify`` on, a poo
 (default 2, no overflow) for every statement of the process's work, and one session connection that LISTENs and
 carries the lease thread's statements (``session_engine``): 3 by default. With it off, the lease keeps a connection of
 its own and the pool has one fewer: 2 by default. With ``listen_url`` (``database_url`` is PgBouncer) the lease keeps
-a PgBouncer connection of its own, and Postgres sees one connection per node, the listener's. Nothing here relies on session state across transactions, so ``database_url`` may point
-at PgBouncer in transaction pooling mode: timeouts ride on each statement (``SET LOCAL`` in the same query
-string), the migration lock is a transaction-level advisory lock, and psycopg2 prepares nothing on the server.
+a PgBouncer connection of its own, and Postgres sees one connection per node, the listener's.
+
+Nothing here relies on session state across transactions, so ``database_url`` may point at PgBouncer in transaction
+pooling mode: timeouts ride on each statement (``SET LOCAL`` in the same query string), the migration lock is a
+transaction-level advisory lock, and psycopg2 prepares nothing on the server.
 
 Every wait is bounded on the client side too, and a server that refuses for now is waited for: see ``waits.py``,
 whose names this module offers as its own (``db.deadline``, ``db.when_served``...).
@@ -22,13 +25,11 @@ whose names this module offers as its own (``db.deadline``, ``db.when_served``..
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable
 from importlib.resources import files
 
@@ -46,6 +47,7 @@ from scrapyd_pgqueue.database.sql import DriverError, IntegrityError, Statement,
 from scrapyd_pgqueue.database.waits import (  # noqa: F401 - offered here too: the connector's callers know one module
     BUSY_SERVER_MESSAGES,
     CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
     DatabaseTimeout,
     busy_server_log,
     connect_when_served,
@@ -60,7 +62,6 @@ from scrapyd_pgqueue.database.waits import (  # noqa: F401 - offered here too: t
 log = logging.getLogger(__name__)
 
 DEFAULT_POOL_SIZE = 2  # connections of a node's pool (database_pool_size)
-DEFAULT_TIMEOUT = 30.0  # seconds an operation may wait for the database (database_timeout)
 # Key of the transaction-level advisory lock that serialises migrations between nodes starting together.
 MIGRATION_LOCK_KEY = 0x5C4A_9D0B
 MIGRATION_TIMEOUT = 120.0  # waiting for another node's migration included
@@ -77,9 +78,6 @@ class DatabaseError(RuntimeError):
 
 
 # --- operations ----------------------------------------------------------------------------------------------
-
-
-
 
 @contextlib.contextmanager
 def operation(engine: Engine, seconds: float | None = None):
@@ -128,43 +126,6 @@ def session_engine(url: str, node_name: str = "", timeout: float = DEFAULT_TIMEO
 def application_name(node_name: str, role: str = "") -> str:
     """How a node's connections show in pg_stat_activity (Postgres keeps 63 bytes)."""
     return f"scrapyd-pgqueue{role} {node_name}"[:63]
-
-
-# How far the database's clock is ahead of this process's (seconds), learnt from each heartbeat.
-_clock_offset = 0.0
-ANSWER_MARGIN = 1.0  # seconds a statement's effect must precede the caller's deadline by: the reply's way back
-
-
-def learn_clock_offset(database_clock: float, sent: float, received: float) -> None:
-    """From a statement that read the database's clock between ``sent`` and ``received`` (this process's clock):
-    only a quick one, whose midpoint is within a fraction of ANSWER_MARGIN."""
-    global _clock_offset
-    if received - sent < ANSWER_MARGIN / 4:
-        _clock_offset = database_clock - (sent + received) / 2
-
-
-def adopt_clock_offset(offset: float) -> None:
-    """Take the clock offset a node learnt, in a helper process that runs its operations (``node/copy_helper.py``)."""
-    global _clock_offset
-    _clock_offset = offset
-
-
-def clock_offset() -> float:
-    """Seconds the database's clock is ahead of this process's, as last learnt (0 before the first heartbeat)."""
-    return _clock_offset
-
-
-def database_now() -> datetime.datetime:
-    """The database's clock now (aware), as this process knows it from its heartbeats."""
-    return datetime.datetime.fromtimestamp(time.time() + _clock_offset, datetime.timezone.utc)
-
-
-def answer_by() -> float:
-    """The database-clock time (Unix seconds) after which a write of this thread's operation must not happen: by
-    then the caller has given up and answered an error, so a late write would be a ghost."""
-    left = remaining_time()
-    left = DEFAULT_TIMEOUT if left is None else left
-    return time.time() + _clock_offset + left - min(ANSWER_MARGIN, left / 2)
 
 
 def too_late(engine: Engine, what: str) -> DatabaseError:
@@ -311,8 +272,6 @@ class translate_errors:
         return False
 
 
-
-
 # --- schema --------------------------------------------------------------------------------------------------
 
 
@@ -327,7 +286,7 @@ def _alembic_config():
 
 # The schema's current revisions: one cheap query, no Alembic (whose import costs a node megabytes it never uses
 # once the schema is current). A database with no version table yet raises undefined_table.
-SCHEMA_REVISIONS = f"SELECT version_num FROM {VERSION_TABLE}"
+SCHEMA_REVISIONS = "SELECT version_num FROM scrapyd_pgqueue_version"  # VERSION_TABLE
 REVISION_LINE = re.compile(r"^(revision|down_revision)\s*=\s*(.+)$", re.MULTILINE)
 
 

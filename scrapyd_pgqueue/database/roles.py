@@ -51,10 +51,14 @@ NODE_SEQUENCES = ("project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_i
                   "webhook_id_seq")  # USAGE: nextval
 NODE_FUNCTIONS = (  # EXECUTE; as oidvectortypes() prints their arguments
     "claim_spider_jobs(text[], integer, text, text, text, text[])",
+    "scrapyd_nodes_want_work()",
     "scrapyd_pgqueue_wanted_nodes(integer)",
     "scrapyd_pgqueue_wanted_nodes(integer, text[])",
+    "spider_job_ended_events()",
+    "spider_job_key_unless_taken(text, text)",
     "spider_job_pending_pools()",
     "spider_job_running(text, text)",
+    "spider_job_unroutable_pools(double precision, bigint)",
     "spider_tree_count()",
 )
 # Predefined roles that read or write the server's files or run its programs (COPY ... TO PROGRAM).
@@ -105,10 +109,10 @@ class RoleError(db.DatabaseError):
 
 
 # The schema holding the queue and the role that migrated it (owner of the version table), as QueueSchema.
-QUEUE_SCHEMA = text(f"""
+QUEUE_SCHEMA = text("""
     SELECT n.nspname AS name, r.rolname AS owner, n.oid
     FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace JOIN pg_roles AS r ON r.oid = c.relowner
-    WHERE c.oid = to_regclass('{db.VERSION_TABLE}')
+    WHERE c.oid = to_regclass(:version_table)
 """)
 
 # The objects of the queue's schema that are not the queue's (the lists above), and not an extension's: (kind, name,
@@ -163,7 +167,7 @@ SCHEMA_CREATE = text("""
 """)
 
 # What a role may do beyond a node's needs, in the queue's schema (RoleFacts); the current user's when :role is null.
-ROLE_FACTS = text(f"""
+ROLE_FACTS = text("""
     SELECT r.rolname AS name,
            EXISTS (SELECT FROM pg_roles AS s WHERE s.rolsuper AND pg_has_role(r.oid, s.oid, 'MEMBER')) AS superuser,
            r.rolcreaterole AS createrole,
@@ -175,7 +179,7 @@ ROLE_FACTS = text(f"""
            has_schema_privilege(r.oid, n.oid, 'CREATE') AS creates
     FROM pg_roles AS r, pg_namespace AS n
     WHERE r.rolname = coalesce(:role, current_user)
-      AND n.oid = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass('{db.VERSION_TABLE}'))
+      AND n.oid = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass(:version_table))
 """)
 
 
@@ -214,7 +218,8 @@ class RoleFacts:
 
 def role_facts(connection, role: str | None = None) -> RoleFacts | None:
     """The rights of ``role`` (default: the connection's own) that matter; None without such a role or a schema."""
-    row = connection.execute(ROLE_FACTS, {"role": role, "server_roles": list(SERVER_ACCESS_ROLES)}).fetchone()
+    row = connection.execute(ROLE_FACTS, {"role": role, "server_roles": list(SERVER_ACCESS_ROLES),
+                                          "version_table": db.VERSION_TABLE}).fetchone()
     return None if row is None else RoleFacts(**row._asdict())
 
 
@@ -224,7 +229,7 @@ def grant_node_role(engine: Engine, role: str, password: str | None = None,
     exactly a node's rights on the queue, within ``limits``; idempotent. Returns what it could not make right.
     Refuses a role that is a superuser or owns the queue."""
     with db.operation(engine), db.transaction(engine) as connection:
-        located = connection.execute(QUEUE_SCHEMA).fetchone()
+        located = connection.execute(QUEUE_SCHEMA, {"version_table": db.VERSION_TABLE}).fetchone()
         if located is None:
             raise RoleError(f"database at {db.describe(engine.url)} has no queue schema: run `scrapyd-pgqueue migrate`")
         schema = QueueSchema(**located._asdict())

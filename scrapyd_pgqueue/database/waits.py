@@ -25,6 +25,7 @@ from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 log = logging.getLogger("scrapyd_pgqueue.database.db")
 
 CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
+DEFAULT_TIMEOUT = 30.0  # seconds an operation may wait for the database (database_timeout)
 # What a server (or PgBouncer) says when it has no connection to spare, or cannot serve one yet: worth waiting for.
 # Each is said at login (ours, or PgBouncer's to the server for our statement), before any server ran a statement
 # of ours; so a statement refused with one certainly did not run, and may be sent again.

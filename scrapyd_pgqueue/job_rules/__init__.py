@@ -4,8 +4,8 @@ before the store runs a statement.
 
 - ``options``: ``JobOptions``, how a job is scheduled beside what it runs, and the values its fields may take.
 - ``checks``: what the store can hold of a job (its names, priority and message), ``InvalidJobError`` otherwise.
-- ``job_requests``: a request's fields and job objects checked (``RefusedJob``), as the message the queue stores;
-  ``PeriodicJob`` and its checks.
+- ``job_requests``: a request's fields and job objects checked (``RefusedJob``), as the message the queue stores.
+- ``periodic_jobs``: ``PeriodicJob`` as the operator defines it, checked by the same rules.
 - ``common_jobs``: the fast path of the common job object (typed decoding in C, the same rules).
 - ``timing``: when a periodic job is due (pure functions).
 

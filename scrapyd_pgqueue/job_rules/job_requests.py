@@ -11,7 +11,6 @@ import functools
 import json
 import math
 import uuid
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
@@ -20,7 +19,6 @@ from scrapyd_pgqueue.config import InvalidTagsError, parse_tags
 from scrapyd_pgqueue.job_rules.checks import MAX_NAME_BYTES, InvalidJobError, is_finite
 from scrapyd_pgqueue.job_rules.checks import check_priority as priority_rule
 from scrapyd_pgqueue.job_rules.options import NO_OPTIONS, ON_CONFLICT, UNIQUE_SCOPES, JobOptions
-from scrapyd_pgqueue.job_rules.timing import Timing, check_timing
 
 # Jobs one schedule_batch.json request may carry (the command streams any number, in batches of this size).
 MAX_BATCH_JOBS = 10_000
@@ -379,31 +377,3 @@ def _strings(what: str, values: Any) -> dict[str, str]:
             raise RefusedJob(f"{what} {_shown(name)} must be a string or a number")
         strings[name] = value
     return strings
-
-
-@dataclass(frozen=True)
-class PeriodicJob:
-    """A periodic job as the operator defines it."""
-
-    name: str
-    project: str
-    spider: str
-    timing: Timing
-    priority: float = 0.0
-    args: dict[str, str] | None = None
-    settings: dict[str, str] | None = None
-    overlap: str = "skip"
-    max_runtime: float | None = None  # each fired job's _max_runtime and _stall_timeout
-    stall_timeout: float | None = None
-    tags: tuple[str, ...] | None = None  # each fired job's _tags (checked); None: its spider's route at each firing
-
-
-def periodic_job(name, project, spider, *, cron=None, every=None, timezone="UTC", priority=0.0, args=None,
-                 settings=None, overlap="skip", max_runtime=None, stall_timeout=None, tags=None):
-    """A PeriodicJob checked by schedule.json's rules for what reaches the crawl (RefusedJob or
-    InvalidScheduleError say why not)."""
-    timing = check_timing(Timing(cron=cron, timezone=timezone, every_seconds=every))
-    job_from_json({"spider": spider, "args": args or {}, "settings": settings or {}})  # RefusedJob: what is wrong
-    limits = watchdog_limits({"max_runtime": max_runtime, "stall_timeout": stall_timeout})
-    return PeriodicJob(name, project, spider, timing, check_priority(priority), dict(args or {}),
-                       dict(settings or {}), overlap, **limits, tags=required_tags(tags))

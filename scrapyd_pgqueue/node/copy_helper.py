@@ -16,7 +16,7 @@ import select
 import sys
 
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
-from scrapyd_pgqueue.database import db, waits
+from scrapyd_pgqueue.database import clock, db, waits
 from scrapyd_pgqueue.job_rules.common_jobs import CommonJobs, NotCommon
 from scrapyd_pgqueue.node.copy_writer import FRAME_LENGTH, LEFT_IDLE, STORE_ERRORS
 from scrapyd_pgqueue.store import JobStore
@@ -63,7 +63,7 @@ def main() -> int:
 def _store(store: JobStore, kind: str, project: str, *arguments) -> tuple:
     """One batch stored: ("ok", (ids, job ids, existing)), ("uncommon", None), or (the store's error, its message)."""
     *batch, seconds, clock_offset = arguments
-    db.adopt_clock_offset(clock_offset)
+    clock.adopt_clock_offset(clock_offset)
     try:
         jobs = CommonJobs(*batch) if kind == "document" else batch[0]
         with waits.deadline(seconds):

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from scrapyd_pgqueue.database import db, waits
+from scrapyd_pgqueue.database import clock, db, waits
 from scrapyd_pgqueue.database.db import DatabaseError, Engine, describe
 from scrapyd_pgqueue.job_rules.checks import InvalidJobError
 from scrapyd_pgqueue.node.crawl_keys import crawl_environment
@@ -119,7 +119,7 @@ class CopyWriter:
         try:
             with db.operation(self.engine), self.engine.slot_lent_out():
                 seconds = max(0.0, waits.remaining_time())
-                data = pickle.dumps((*request, seconds, db.clock_offset()), protocol=pickle.HIGHEST_PROTOCOL)
+                data = pickle.dumps((*request, seconds, clock.clock_offset()), protocol=pickle.HIGHEST_PROTOCOL)
                 deadline = time.monotonic() + seconds
                 for _ in range(2):  # a helper that left idle as the batch came is started again, once
                     process = self._running_process()

@@ -28,7 +28,6 @@ from twisted.internet import error, protocol, reactor
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from scrapyd_pgqueue.components.eggstorage import SealedEgg
 from scrapyd_pgqueue.config import EGG_FILE_VARIABLE
 from scrapyd_pgqueue.crawl_process import launch, warm_process
 from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE
@@ -102,7 +101,7 @@ class WarmProcess:
             relayed.close_all([*out.values(), launch_fd])
         self.uid = process.uid
         # For its crawls that go cold if it dies before forking them.
-        self.egg = None if egg is None else SealedEgg(os.dup(egg.fd), egg.digest)
+        self.egg = None if egg is None else egg._replace(fd=os.dup(egg.fd))  # a SealedEgg of its own
         self.socket.setblocking(False)
         reactor.addReader(self)
         self.ready_timer = reactor.callLater(READY_TIMEOUT, self._not_ready)

@@ -15,7 +15,8 @@ import functools
 
 from scrapyd.webservice import param, spider_list
 
-from scrapyd_pgqueue.job_rules.job_requests import RefusedJob, periodic_job
+from scrapyd_pgqueue.job_rules.job_requests import RefusedJob
+from scrapyd_pgqueue.job_rules.periodic_jobs import periodic_job
 from scrapyd_pgqueue.job_rules.timing import InvalidScheduleError
 from scrapyd_pgqueue.services.resource import DatabaseService, refuse
 from scrapyd_pgqueue.store import DuplicateScheduleError, PeriodicJobRow, ScheduleNotFoundError, ScheduleStore

@@ -67,7 +67,7 @@ from scrapyd_pgqueue.store.base import (
 from scrapyd_pgqueue.store.eggs import EggStore
 from scrapyd_pgqueue.store.finishing import WatchdogLimits
 from scrapyd_pgqueue.store.maintenance import QueueMaintenance
-from scrapyd_pgqueue.store.nodes import NODE_TICK_QUERY, NodeTick, ReleasedJob
+from scrapyd_pgqueue.store.nodes import NodeTick, ReleasedJob
 from scrapyd_pgqueue.store.operator import NodeRow
 from scrapyd_pgqueue.store.overview import COUNT_CAP, MinuteCount, OverviewStore, SpiderDepth
 from scrapyd_pgqueue.store.queue import CLAIM_NEXT_JOBS, Claim, JobStore, notify_through_pool
@@ -139,6 +139,5 @@ __all__ = [
     "local_time",
     # queries the tests and the benchmark read (their plans, their compiled SQL)
     "CLAIM_NEXT_JOBS",
-    "NODE_TICK_QUERY",
     "NodeTick",
 ]

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from scrapyd_pgqueue.config import pool_tags
-from scrapyd_pgqueue.crawl_process.job_stats import SUMMARY_KEYS
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock, db
 from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import (
     CANCEL_CHANNEL,
-    IN_TIME,
     JOB_STATUS,
     ClaimedJob,
     StorePerEngine,
@@ -24,9 +22,7 @@ from scrapyd_pgqueue.store.base import (
     read_rows,
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
-from scrapyd_pgqueue.store.pools import UNROUTABLE_POOLS_SQL
 from scrapyd_pgqueue.store.trees import TreeQueries
-from scrapyd_pgqueue.store.webhooks import job_events
 
 # Pending jobs daemonstatus.json counts exactly (a few milliseconds); beyond, it reports the planner's estimate.
 PENDING_COUNT_CAP = 10_000
@@ -162,23 +158,34 @@ PENDING_PAGE = text("""
     LIMIT :limit OFFSET :offset
 """)
 
-# Of a job's stats (row j), the keys its summary reads (job_stats.stats_summary), not the whole dict: a list of many
-# jobs stays small. Constant keys, no user input.
-STATS_SUMMARY = "CASE WHEN j.stats IS NOT NULL THEN jsonb_build_object({}) END AS stats".format(
-    ", ".join(f"'{key}', j.stats->'{key}'" for key in SUMMARY_KEYS))
-
-# The running jobs (of :project, all when NULL) of every node: bounded by the cluster's process slots.
-RUNNING_JOBS = text(f"""
-    SELECT id, project, spider, job, pid, start_time, node, worker, {STATS_SUMMARY}, pool FROM spider_job AS j
+# The running jobs (of :project, all when NULL) of every node: bounded by the cluster's process slots. Of a job's
+# stats, the keys its summary reads (job_stats.SUMMARY_KEYS), not the whole dict: a list of many jobs stays small.
+RUNNING_JOBS = text("""
+    SELECT id, project, spider, job, pid, start_time, node, worker,
+           CASE WHEN j.stats IS NOT NULL THEN jsonb_build_object(
+               'item_scraped_count', j.stats->'item_scraped_count',
+               'downloader/request_count', j.stats->'downloader/request_count',
+               'response_received_count', j.stats->'response_received_count',
+               'log_count/ERROR', j.stats->'log_count/ERROR', 'log_count/CRITICAL', j.stats->'log_count/CRITICAL',
+               'finish_reason', j.stats->'finish_reason'
+           ) END AS stats, pool
+    FROM spider_job AS j
     WHERE status = 'ongoing' AND (CAST(:project AS text) IS NULL OR project = :project)
     ORDER BY start_time, id
 """)
 
 # The newest :limit finished jobs (of :project, all when NULL), with whether the database holds their log.
-# Reads spider_job_terminated_idx; terminated rows are pruned to finished_to_keep.
-FINISHED_JOBS = text(f"""
+# Reads spider_job_terminated_idx; terminated rows are pruned to finished_to_keep. Stats: as RUNNING_JOBS.
+FINISHED_JOBS = text("""
     SELECT j.id, j.project, j.spider, j.job, j.start_time, j.end_time, j.node, j.outcome,
-           EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log, {STATS_SUMMARY}, j.pool
+           EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log,
+           CASE WHEN j.stats IS NOT NULL THEN jsonb_build_object(
+               'item_scraped_count', j.stats->'item_scraped_count',
+               'downloader/request_count', j.stats->'downloader/request_count',
+               'response_received_count', j.stats->'response_received_count',
+               'log_count/ERROR', j.stats->'log_count/ERROR', 'log_count/CRITICAL', j.stats->'log_count/CRITICAL',
+               'finish_reason', j.stats->'finish_reason'
+           ) END AS stats, j.pool
     FROM spider_job AS j
     WHERE j.status = 'terminated' AND (CAST(:project AS text) IS NULL OR j.project = :project)
     ORDER BY j.end_time DESC, j.id DESC
@@ -190,8 +197,8 @@ FINISHED_JOBS = text(f"""
 # costing tens of milliseconds per request), with the planner's estimate of the pending index's size for beyond;
 # running and finished jobs are few (process slots; pruned to finished_to_keep); live nodes are those not stopped
 # whose heartbeat is within :lease_seconds (database clock); unroutable jobs are the pending ones of the pools no live
-# node can run (store/pools.py: one probe per pending pool).
-CLUSTER_COUNTS = text(f"""
+# node can run (spider_job_unroutable_pools: one probe per pending pool).
+CLUSTER_COUNTS = text("""
     SELECT (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'pending' LIMIT :cap) AS capped)
                AS pending_counted,
            (SELECT count(*) FROM (SELECT 1 FROM spider_job WHERE status = 'delayed' LIMIT :cap) AS capped)
@@ -206,28 +213,28 @@ CLUSTER_COUNTS = text(f"""
            (SELECT count(*) FROM spider_job WHERE status = 'terminated') AS finished,
            (SELECT count(*) FROM scrapyd_node
             WHERE stopped_time IS NULL AND heartbeat_time > now() - make_interval(secs => :lease_seconds)) AS nodes,
-           (SELECT coalesce(sum(unroutable.jobs), 0) FROM ({UNROUTABLE_POOLS_SQL}) AS unroutable) AS unroutable
+           (SELECT coalesce(sum(jobs), 0) FROM spider_job_unroutable_pools(:lease_seconds, :cap)) AS unroutable
 """)
 
 # Cancel a waiting (pending or delayed) job: terminated as 'cancelled' (end at the cancel), so it never starts (nor
 # retries) and every node reports it finished. A claim that locked the row first wins; the running job is then
-# cancelled instead. Only while the caller waits for the answer (IN_TIME), as for REQUEST_CANCEL. Its webhooks'
-# events (ended) are written with it.
-CANCEL_PENDING = text(f"""
-    WITH {IN_TIME}, cancelled AS (
+# cancelled instead. Only while the caller waits for the answer (in_time), as for REQUEST_CANCEL. Its webhooks'
+# events (ended) are written with it (trigger spider_job_ended).
+CANCEL_PENDING = text("""
+    WITH in_time AS MATERIALIZED (SELECT clock_timestamp() < to_timestamp(:answer_by) AS ok), cancelled AS (
         UPDATE spider_job
         SET status = 'terminated', outcome = 'cancelled', reason = 'cancelled before it started',
             cancel_requested = true, start_time = coalesce(start_time, now()), end_time = now()
         WHERE project = :project AND job = :job AND status IN ('delayed', 'pending') AND (SELECT ok FROM in_time)
-        RETURNING *
-    ), {job_events("cancelled")}
+        RETURNING id
+    )
     SELECT (SELECT ok FROM in_time) AS in_time, (SELECT count(*) FROM cancelled) AS done
 """)
 
 # Ask the node running job :job to signal its crawl: one more request, with its signal, and a NOTIFY that the
 # node hears at once (its heartbeat reads the same columns as the floor). Reads spider_job_live_job_key.
-REQUEST_CANCEL = text(f"""
-    WITH {IN_TIME}, requested AS (
+REQUEST_CANCEL = text("""
+    WITH in_time AS MATERIALIZED (SELECT clock_timestamp() < to_timestamp(:answer_by) AS ok), requested AS (
         UPDATE spider_job
         SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
         WHERE project = :project AND job = :job AND status = 'ongoing' AND (SELECT ok FROM in_time)
@@ -330,8 +337,8 @@ class AllJobsStore(StorePerEngine, OperatorQueries, TreeQueries):
     @database_errors
     def cancel_job(self, project: str, job: str, signal: str = "INT") -> str | None:
         """Cancel a pending job, or ask the node running it to signal it (``signal`` as ``cancel_signal`` gives
-        it); return Scrapyd's ``prevstate``. Nothing changes once the caller's time is up (``db.answer_by``)."""
-        params = {"project": project, "job": job, "answer_by": db.answer_by(), "signal": signal,
+        it); return Scrapyd's ``prevstate``. Nothing changes once the caller's time is up (``clock.answer_by``)."""
+        params = {"project": project, "job": job, "answer_by": clock.answer_by(), "signal": signal,
                   "channel": CANCEL_CHANNEL}
         with db.autocommit(self.engine) as connection:
             for statement, prevstate in ((CANCEL_PENDING, "pending"), (REQUEST_CANCEL, "running")):

@@ -7,18 +7,15 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock, db
 from scrapyd_pgqueue.database.connection_pool import Engine
 from scrapyd_pgqueue.database.sql import text
 
 # Channel of the NOTIFY that wakes idle nodes when jobs became claimable; the payload is empty (a constant: Postgres
 # folds a transaction's identical notifications into one).
 NOTIFY_CHANNEL = "scrapyd_pgqueue_jobs"
-# Whether a node may need waking: one has free slots and found nothing to claim (0016; NULL: not said yet). Every
-# notifying transaction commits one at a time (Postgres's lock on its notification queue) and wakes every
-# listening backend, so a job sent to a cluster whose nodes are all busy sends none: they claim again when a slot
-# frees. One probe of scrapyd_node_wanting_idx.
-NODES_WANT_WORK = "EXISTS (SELECT 1 FROM scrapyd_node WHERE wants_work IS NOT FALSE AND stopped_time IS NULL)"
+# Statements that may make jobs claimable send it only when scrapyd_nodes_want_work() (schema.sql) says a node
+# needs waking.
 
 # Channel of the NOTIFY sent with each cancel request on a running job; the payload is JSON (id, project, job,
 # worker, requests, signal), and only the node running the job (its worker) acts on it.
@@ -88,20 +85,11 @@ JOB_STATUS = text("""
     LIMIT 1
 """)
 
-# A job going back to waiting keeps its unique key unless a new waiting job of the project took it meanwhile (a
-# running job does not hold its key): SET unique_key = KEY_UNLESS_TAKEN.format(row=<the updated table's alias>).
-KEY_UNLESS_TAKEN = """
-    CASE WHEN EXISTS (
-        SELECT 1 FROM spider_job AS waiting
-        WHERE waiting.project = {row}.project AND waiting.unique_key = {row}.unique_key
-          AND waiting.status IN ('delayed', 'pending')
-    ) THEN NULL ELSE {row}.unique_key END
-"""
-
-# Whether the caller still waits for the answer (:answer_by, database clock: db.answer_by), read once as the
-# statement starts, for the writes of a statement that must not happen once the caller gave up and answered "error"
-# (a statement that reached a stalled server): WITH {IN_TIME}, ... WHERE ... AND (SELECT ok FROM in_time).
-IN_TIME = "in_time AS MATERIALIZED (SELECT clock_timestamp() < to_timestamp(:answer_by) AS ok)"
+# The writes of a statement that must not happen once the caller gave up and answered "error" (a statement that
+# reached a stalled server) are bound by the caller's deadline (:answer_by, database clock: clock.answer_by), read
+# once as the statement starts: "WITH in_time AS MATERIALIZED (SELECT clock_timestamp() < to_timestamp(:answer_by)
+# AS ok), ... WHERE ... AND (SELECT ok FROM in_time)", or "WHERE clock_timestamp() < to_timestamp(:answer_by)" in a
+# statement of one write.
 
 # --- operations ------------------------------------------------------------------------------------------------
 
@@ -114,7 +102,7 @@ def on_database_clock(*moments: datetime.datetime | None) -> list[datetime.datet
     instant it was on the database's clock: its time zone made explicit, and how far this node's clock is off the
     database's (learnt from every heartbeat) added. So nodes in other time zones or with skewed clocks store the
     instants the database's clock would have, and the times between a node's moments stay exactly as measured."""
-    offset = datetime.timedelta(seconds=db.clock_offset())
+    offset = datetime.timedelta(seconds=clock.clock_offset())
     return [None if moment is None else moment.astimezone() + offset for moment in moments]
 
 

@@ -11,38 +11,44 @@ from typing import Any
 import msgspec
 
 from scrapyd_pgqueue.config import pool_key
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock
 from scrapyd_pgqueue.database.sql import IntegrityError, text
 from scrapyd_pgqueue.job_rules.checks import InvalidJobError, check_name, check_priority, encode_message
 from scrapyd_pgqueue.job_rules.options import ERROR, NO_OPTIONS, REPLACE, JobOptions
-from scrapyd_pgqueue.store.base import NODES_WANT_WORK, NOTIFY_CHANNEL, DuplicateJobError, Enqueued
+from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, DuplicateJobError, Enqueued
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# What a replace sets on the waiting job that held the key (INSERT_BATCH, staging.REPLACE_STAGED_JOBS): the rest of
-# the row (its id, job id, tree, periodic and creation time) stays the job's.
-REPLACED_COLUMNS = ("spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime, "
-                    "stall_timeout, pool")
-
-# Add jobs, all or none, in one statement, from {batch}: the rows of the batch (a CTE named batch) with their place n
-# ({id}: "id, " when the rows carry ids reserved for them, else nothing: the column's default numbers them).
-# One NOTIFY wakes idle nodes, if any node wants work (delivered on commit, so a woken node finds
-# the rows; a node woken by delayed jobs learns when the first is due). Rows are inserted in their batch order (ORDER
-# BY n), so their ids, and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on
-# the database's clock) waits as 'delayed'; run_at is every job's due time (past-due counts read it). A unique key
-# already held by a waiting job of the project updates that
-# job instead (spider_job_waiting_unique_key decides, also between concurrent schedules): with the new run time,
-# priority, arguments and settings for the keys in :replace_keys, unchanged otherwise, its job id kept; RETURNING
-# says which rows existed (xmax is set on a row ON CONFLICT updated). Only while the caller still waits for the
-# answer (:answer_by, database clock): a statement that reaches a stalled server and runs after the caller gave up and
-# answered "error" must not leave a ghost job behind. A job's pool (the tags it requires) is its own _tags, else its
-# spider's route (spider_route's primary key: one probe per job), else '' (any node).
-INSERT_BATCH = """
-    WITH {batch}, inserted AS (
-        INSERT INTO spider_job AS j ({id}project, spider, job, version, priority, message, status, run_at, unique_key,
+# Add jobs, all or none, in one statement, from the rows of the batch, a JSON array (:rows, ``json_rows``): one
+# parameter, parsed by the server in one pass (1.4x faster than arrays, one per column, whose elements the driver
+# quotes one by one), each row with its place n. Rows are inserted in their batch order (ORDER BY n), so their ids,
+# and so the claim order among equal priorities, follow it. A job due later (run_at, or delay on the database's
+# clock) waits as 'delayed'; run_at is every job's due time (past-due counts read it). A job's pool (the tags it
+# requires) is its own _tags, else its spider's route (spider_route's primary key: one probe per job), else '' (any
+# node). A unique key already held by a waiting job of the project updates that job instead
+# (spider_job_waiting_unique_key decides, also between concurrent schedules): with the new run time, priority,
+# arguments and settings for the keys in :replace_keys, unchanged otherwise; the rest of its row (its id, job id,
+# tree, periodic and creation time) stays the job's; RETURNING says which rows existed (xmax is set on a row ON
+# CONFLICT updated). Only while the caller still waits for the answer (:answer_by, database clock): a statement that
+# reaches a stalled server and runs after the caller gave up and answered "error" must not leave a ghost job behind.
+# One NOTIFY wakes idle nodes, if any node wants work (delivered on commit, so a woken node finds the rows; a node
+# woken by delayed jobs learns when the first is due). staging.MOVE_STAGED_JOBS is this statement over staged rows
+# (a test keeps the two in step).
+ENQUEUE_JOBS = text("""
+    WITH batch AS (
+        SELECT * FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
+                 spider text, job text, version text, priority double precision, message jsonb,
+                 run_at double precision, delay double precision, unique_key text, retries integer,
+                 retry_delay double precision, periodic text, parent text, parent_id bigint, tree_id bigint,
+                 max_runtime double precision, stall_timeout double precision, pool text))
+             WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
+                                  retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, pool,
+                                  n)
+    ), inserted AS (
+        INSERT INTO spider_job AS j (project, spider, job, version, priority, message, status, run_at, unique_key,
                                      retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime,
                                      stall_timeout, pool, created_time)
-        SELECT {id}:project, spider, job, version, priority, message,
+        SELECT :project, spider, job, version, priority, message,
                CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
                unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout,
                coalesce(pool, (SELECT r.pool FROM spider_route AS r
@@ -53,7 +59,8 @@ INSERT_BATCH = """
         WHERE clock_timestamp() < to_timestamp(:answer_by)
         ORDER BY n
         ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
-        DO UPDATE SET (""" + REPLACED_COLUMNS + """) = (
+        DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime,
+                       stall_timeout, pool) = (
             SELECT EXCLUDED.spider, EXCLUDED.version, EXCLUDED.priority,
                    EXCLUDED.message || jsonb_build_object('_job', j.job), EXCLUDED.status, EXCLUDED.run_at,
                    EXCLUDED.retries, EXCLUDED.retry_delay, EXCLUDED.max_runtime, EXCLUDED.stall_timeout, EXCLUDED.pool
@@ -65,29 +72,16 @@ INSERT_BATCH = """
         )
         RETURNING j.id, j.job, j.unique_key, j.xmax <> 0 AS existing
     ), woken AS (
-        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM inserted) AND """ + NODES_WANT_WORK + """
+        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM inserted) AND scrapyd_nodes_want_work()
     )
     SELECT id, job, unique_key, existing FROM inserted, (SELECT count(*) FROM woken) AS notified
-"""
+""")
 
 # The columns of a batch's row (a staged row's after id and n).
 ENQUEUE_COLUMNS = (
     "spider", "job", "version", "priority", "message", "run_at", "delay", "unique_key", "retries", "retry_delay",
     "periodic", "parent", "parent_id", "tree_id", "max_runtime", "stall_timeout", "pool",
 )
-
-# A batch arrives as one JSON array of its rows (ENQUEUE_JOBS' :rows, ``json_rows``): one parameter, parsed by the
-# server in one pass (1.4x faster than arrays, one per column, whose elements the driver quotes one by one).
-ENQUEUE_JOBS = text(INSERT_BATCH.format(id="", batch="""batch AS (
-        SELECT * FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
-                 spider text, job text, version text, priority double precision, message jsonb,
-                 run_at double precision, delay double precision, unique_key text, retries integer,
-                 retry_delay double precision, periodic text, parent text, parent_id bigint, tree_id bigint,
-                 max_runtime double precision, stall_timeout double precision, pool text))
-             WITH ORDINALITY AS b(spider, job, version, priority, message, run_at_epoch, delay, unique_key, retries,
-                                  retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, pool,
-                                  n)
-    )"""))
 
 # --- operations ------------------------------------------------------------------------------------------------
 
@@ -102,9 +96,9 @@ def insert_jobs(connection, project: str, rows: list[dict[str, Any]]) -> list[En
 
 
 def insert_params(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The parameters of INSERT_BATCH besides its rows."""
+    """The parameters of ENQUEUE_JOBS (and staging.MOVE_STAGED_JOBS) besides its rows."""
     return {
-        "project": rows[0]["project"], "channel": NOTIFY_CHANNEL, "answer_by": db.answer_by(),
+        "project": rows[0]["project"], "channel": NOTIFY_CHANNEL, "answer_by": clock.answer_by(),
         # Keys only: a NULL in the array would make "NOT key = ANY(...)" NULL for the keys not in it (a NULL spider).
         "replace_keys": [row["unique_key"] for row in rows if row["on_conflict"] == REPLACE and row["unique_key"]],
     }

@@ -12,7 +12,6 @@ from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.database.connection_pool import Engine
 from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import (
-    KEY_UNLESS_TAKEN,
     ClaimedJob,
     JobRow,
     database_errors,
@@ -20,30 +19,8 @@ from scrapyd_pgqueue.store.base import (
     read_rows,
 )
 from scrapyd_pgqueue.store.statuses import FINISHED
-from scrapyd_pgqueue.store.webhooks import job_events
 
 # --- queries ---------------------------------------------------------------------------------------------------
-
-# How a job ends with :outcome, in SET form, shared by both finishes: a failed job (outcome failed, or timeout or
-# stalled: stopped by its node's watchdog) with retries left (failures < retries; the SET reads the row as it was)
-# waits as 'delayed' for its exponential backoff, same row and job id, its failure counted; out of retries it ends
-# 'dead' (its reason says how the last run ended). Any other outcome (a cancelled job among them) ends it. A retried
-# job gives its unique key up when a new waiting job took it meanwhile (spider_job_waiting_unique_key). The start
-# MARK_STARTED recorded for this crawl (its pid) stays, so that a job shows one start time running and finished.
-# The crawl's final stats (:stats) replace what its node's tick wrote; a job that waits to be retried has none.
-_FAILED = "(:outcome IN ('failed', 'timeout', 'stalled'))"
-_RETRYING = f"({_FAILED} AND failures < retries)"
-_END_OR_RETRY = f"""
-    status = CASE WHEN {_RETRYING} THEN 'delayed' ELSE 'terminated' END,
-    outcome = CASE WHEN {_RETRYING} THEN NULL WHEN {_FAILED} AND retries > 0 THEN 'dead' ELSE :outcome END,
-    run_at = CASE WHEN {_RETRYING} THEN now() + make_interval(secs => retry_delay * 2 ^ failures) END,
-    failures = failures + CASE WHEN {_FAILED} THEN 1 ELSE 0 END,
-    unique_key = CASE WHEN {_RETRYING} THEN {KEY_UNLESS_TAKEN.format(row="spider_job")} ELSE unique_key END,
-    exit_code = :exit_code, reason = :reason, pid = coalesce(:pid, pid),
-    start_time = CASE WHEN pid = :pid THEN start_time ELSE :start_time END,
-    end_time = :end_time,
-    stats = CASE WHEN {_RETRYING} THEN NULL ELSE coalesce(CAST(:stats AS jsonb), stats) END
-"""
 
 # Record the crawl's pid once it is spawned; only while this claim still owns the job. Returns the job's watchdog
 # limits (NULL: the node's): learnt here, milliseconds after the spawn, the claim function and its plan stay as they
@@ -54,43 +31,49 @@ MARK_STARTED = text("""
     RETURNING max_runtime, stall_timeout
 """)
 
-# End (or retry) the claim :attempt of job :id held by :worker. Still allowed once recovery handed the job back or
-# gave it up as lost, as long as nobody claimed it since (same worker and attempt): the result of a node that came
-# back late is kept then. A newer attempt, or a job already finished, is never overwritten. A job that ended writes
-# its webhooks' events in the same statement (webhooks.job_events).
-FINISH_CLAIMED = text(f"""
-    WITH finished AS (
-        UPDATE spider_job SET {_END_OR_RETRY}
-        WHERE id = :id AND worker = :worker AND attempts = :attempt
-          AND (status IN ('ongoing', 'pending') OR outcome = 'lost')
-        RETURNING *
-    ), {job_events("finished")}
-    SELECT id FROM finished
-""")
-
-# End (or retry) a job known only by project and job id, claimed by this process (IJobStorage.add from a stock
-# launcher).
-FINISH_BY_JOB_ID = text(f"""
-    WITH finished AS (
-        UPDATE spider_job SET {_END_OR_RETRY}, node = coalesce(node, :node)
-        WHERE project = :project AND job = :job AND status = 'ongoing' AND worker = :worker
-        RETURNING *
-    ), {job_events("finished")}
-    SELECT id FROM finished
+# End (or retry) a job: the claim :attempt of job :id held by :worker; or, without :id, the running job :job of
+# :project claimed by :worker (IJobStorage.add from a stock launcher). A claim may still finish once recovery handed
+# the job back or gave it up as lost, as long as nobody claimed it since (same worker and attempt): the result of a
+# node that came back late is kept then. A newer attempt, or a job already finished, is never overwritten. The
+# driver sends the values in the statement, so the planner drops the branch a call does not take.
+# A failed job (outcome failed, or timeout or stalled: stopped by its node's watchdog) with retries left (failures <
+# retries; the SET reads the row as it was) waits as 'delayed' for its exponential backoff, same row and job id, its
+# failure counted; out of retries it ends 'dead' (its reason says how the last run ended). Any other outcome (a
+# cancelled job among them) ends it. A retried job gives its unique key up when a new waiting job took it meanwhile.
+# The start MARK_STARTED recorded for this crawl (its pid) stays, so that a job shows one start time running and
+# finished. The crawl's final stats (:stats) replace what its node's tick wrote; a job that waits to be retried has
+# none. A job that ended writes its webhooks' events in the same transaction (trigger spider_job_ended).
+FINISH_JOB = text("""
+    WITH ending AS (SELECT :outcome IN ('failed', 'timeout', 'stalled') AS failed)
+    UPDATE spider_job
+    SET status = CASE WHEN failed AND failures < retries THEN 'delayed' ELSE 'terminated' END,
+        outcome = CASE WHEN failed AND failures < retries THEN NULL WHEN failed AND retries > 0 THEN 'dead'
+                       ELSE :outcome END,
+        run_at = CASE WHEN failed AND failures < retries THEN now() + make_interval(secs => retry_delay * 2 ^ failures)
+                 END,
+        failures = failures + CASE WHEN failed THEN 1 ELSE 0 END,
+        unique_key = CASE WHEN failed AND failures < retries THEN spider_job_key_unless_taken(project, unique_key)
+                          ELSE unique_key END,
+        exit_code = :exit_code, reason = :reason, pid = coalesce(:pid, pid), node = coalesce(node, :node),
+        start_time = CASE WHEN pid = :pid THEN start_time ELSE :start_time END,
+        end_time = :end_time,
+        stats = CASE WHEN failed AND failures < retries THEN NULL ELSE coalesce(CAST(:stats AS jsonb), stats) END
+    FROM ending
+    WHERE worker = :worker
+      AND (CAST(:id AS bigint) IS NOT NULL AND id = :id AND attempts = :attempt
+           AND (status IN ('ongoing', 'pending') OR outcome = 'lost')
+           OR CAST(:id AS bigint) IS NULL AND project = :project AND job = :job AND status = 'ongoing')
+    RETURNING id
 """)
 
 # Record a job that never went through the queue as terminated: a finished crawl is a fact, also when a job with
-# the same id waits or runs (terminated rows are outside spider_job_live_job_key).
-INSERT_TERMINATED = text(f"""
-    WITH recorded AS (
-        INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid,
-                                created_time, start_time, end_time, stats)
-        VALUES (:project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
-                coalesce(:start_time, now()), :start_time,
-                :end_time, CAST(:stats AS jsonb))
-        RETURNING *
-    ), {job_events("recorded")}
-    SELECT id FROM recorded
+# the same id waits or runs (terminated rows are outside spider_job_live_job_key). Its webhooks' events: trigger
+# spider_job_recorded.
+INSERT_TERMINATED = text("""
+    INSERT INTO spider_job (project, spider, job, status, outcome, exit_code, reason, node, pid, created_time,
+                            start_time, end_time, stats)
+    VALUES (:project, :spider, :job, 'terminated', :outcome, :exit_code, :reason, :node, :pid,
+            coalesce(:start_time, now()), :start_time, :end_time, CAST(:stats AS jsonb))
 """)
 
 # Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,
@@ -172,9 +155,10 @@ class JobEnds:
         if claimed is not None:
             params.update(id=claimed.id, attempt=claimed.attempt)
             with db.autocommit(self.engine) as connection:
-                return connection.execute(FINISH_CLAIMED, params).first() is not None
+                return connection.execute(FINISH_JOB, params).first() is not None
+        params.update(id=None, attempt=None)
         with db.transaction(self.engine) as connection:
-            if connection.execute(FINISH_BY_JOB_ID, params).first() is None:
+            if connection.execute(FINISH_JOB, params).first() is None:
                 connection.execute(INSERT_TERMINATED, params)
             return True
 

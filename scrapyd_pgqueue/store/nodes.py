@@ -10,19 +10,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock, db
 from scrapyd_pgqueue.database.connection_pool import Engine
 from scrapyd_pgqueue.database.sql import DriverError, text
 from scrapyd_pgqueue.store.all_jobs import CancelRequest
 from scrapyd_pgqueue.store.base import (
-    KEY_UNLESS_TAKEN,
-    NODES_WANT_WORK,
     NOTIFY_CHANNEL,
     ClaimedJob,
     database_errors,
     on_database_clock,
 )
-from scrapyd_pgqueue.store.webhooks import WEBHOOKS_DUE_IN, job_events
 
 
 @dataclass(frozen=True)
@@ -45,7 +42,7 @@ REGISTER_NODE = text("""
 """)
 
 # Renew this process's lease on the jobs it runs (database clock: nodes' clocks may disagree).
-# Returns the database's clock, from which the node learns how far its own clock is off (see db.answer_by).
+# Returns the database's clock, from which the node learns how far its own clock is off (see clock.answer_by).
 HEARTBEAT = text("""
     UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
     RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
@@ -57,61 +54,12 @@ STOP_NODE = text("UPDATE scrapyd_node SET stopped_time = now() WHERE id = :worke
 # Whether this process wants work (free slots, nothing found to claim): new jobs NOTIFY only while a node does.
 SET_WANTS_WORK = text("UPDATE scrapyd_node SET wants_work = :wants WHERE id = :worker")
 
-# The end of the statements that settle another claim's job (recovery, hand-back): a job whose ``{source}``
-# row has an outcome ends now and keeps its pid for the record; the rest go back to the queue. Returns every
-# settled job (its whole row, for its webhooks' events), and wakes idle nodes if some want work (one NOTIFY, whatever
-# the number of jobs sent back to pending).
-SETTLED_FROM = """end_time = CASE WHEN {source}.outcome IS NOT NULL THEN now() END,
-            pid = CASE WHEN {source}.outcome IS NOT NULL THEN j.pid END
-        FROM {source}
-        WHERE j.id = {source}.id
-        RETURNING j.*
-    )"""
-ENDED_FROM = SETTLED_FROM + ", " + job_events("{settled}") + """
-    SELECT id, project, job, status,
-           (SELECT pg_notify(:channel, '') WHERE status = 'pending' AND """ + NODES_WANT_WORK + """) AS notified
-    FROM {settled}"""
-
-# Lease recovery, a step of the node's tick (NODE_TICK): the jobs of every other process whose lease expired (no
-# heartbeat for :lease_seconds, database clock) or that stopped. A job lost with its node failed: with _retries it
-# waits out its backoff as 'delayed' (failure counted), or ends 'dead' once they are used up; without, it goes back
-# to pending at once (the claim stays counted in attempts) and ends 'lost' once :max_attempts claims are used up. A
-# cancel request ends it as 'cancelled' (a cancelled job never runs again). Pending ones wake idle nodes. Reads
-# spider_job_ongoing_worker_idx (running jobs only, by owner) joined to the small node table, never the waiting or
-# finished rows. Locks owner and job rows, skipping locked ones: a heartbeat or a finish being written at this
-# instant wins, and two nodes recovering at once share the work. Two parts: the expired claims, then their settling.
-# A job that runs again drops the stats of the lost attempt (its next attempt reports its own); an ended one keeps them.
-EXPIRED_CLAIMS = """
-    expired AS (
-        SELECT j.id, n.name,
-               CASE WHEN j.cancel_requested THEN 'cancelled'
-                    WHEN j.retries > 0 AND j.failures >= j.retries THEN 'dead'
-                    WHEN j.retries = 0 AND j.attempts >= :max_attempts THEN 'lost' END AS outcome
-        FROM spider_job AS j JOIN scrapyd_node AS n ON n.id = j.worker
-        WHERE j.status = 'ongoing' AND j.worker <> :worker
-          AND (n.heartbeat_time < now() - make_interval(secs => :lease_seconds) OR n.stopped_time IS NOT NULL)
-        FOR UPDATE OF j, n SKIP LOCKED
-    )"""
-RECOVER_EXPIRED = f"""
-        UPDATE spider_job AS j
-        SET status = CASE WHEN expired.outcome IS NOT NULL THEN 'terminated'
-                          WHEN j.retries > 0 THEN 'delayed' ELSE 'pending' END,
-            outcome = expired.outcome,
-            run_at = CASE WHEN expired.outcome IS NULL AND j.retries > 0
-                          THEN now() + make_interval(secs => j.retry_delay * 2 ^ j.failures) ELSE j.run_at END,
-            failures = j.failures + CASE WHEN j.retries > 0 AND NOT j.cancel_requested THEN 1 ELSE 0 END,
-            unique_key = CASE WHEN expired.outcome IS NULL THEN {KEY_UNLESS_TAKEN.format(row="j")}
-                              ELSE j.unique_key END,
-            reason = CASE WHEN expired.outcome IS NOT NULL OR j.retries > 0 THEN format(
-                'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
-            ) END,
-            stats = CASE WHEN expired.outcome IS NOT NULL THEN j.stats END,
-            """
-
 # Hand this process's unfinished claims (pairs of job :ids and :attempts) back to the queue when it stops; or
 # terminate them, as 'cancelled' when cancel.json asked for it, or as 'interrupted' once :max_attempts claims are
-# used up. Only while each claim is still its own. Pending ones wake idle nodes; their stats go, as in recovery.
-HAND_BACK_CLAIMS = text(f"""
+# used up. Only while each claim is still its own. Pending ones wake idle nodes (one NOTIFY, whatever their number)
+# and drop their stats, as in recovery (NODE_TICK); an ended one keeps its stats and pid for the record, and writes
+# its webhooks' events (trigger spider_job_ended).
+HAND_BACK_CLAIMS = text("""
     WITH claim AS (
         SELECT j.id,
                CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempts >= :max_attempts THEN 'interrupted' END
@@ -124,12 +72,21 @@ HAND_BACK_CLAIMS = text(f"""
         UPDATE spider_job AS j
         SET status = CASE WHEN claim.outcome IS NULL THEN 'pending' ELSE 'terminated' END,
             outcome = claim.outcome,
-            unique_key = CASE WHEN claim.outcome IS NULL THEN {KEY_UNLESS_TAKEN.format(row="j")} ELSE j.unique_key END,
+            unique_key = CASE WHEN claim.outcome IS NULL THEN spider_job_key_unless_taken(j.project, j.unique_key)
+                              ELSE j.unique_key END,
             reason = CASE WHEN claim.outcome IS NOT NULL THEN format(
                 'node %s stopped during attempt %s of %s', :node, j.attempts, :max_attempts
             ) END,
             stats = CASE WHEN claim.outcome IS NOT NULL THEN j.stats END,
-            {ENDED_FROM.format(source="claim", settled="handed_back")}
+            end_time = CASE WHEN claim.outcome IS NOT NULL THEN now() END,
+            pid = CASE WHEN claim.outcome IS NOT NULL THEN j.pid END
+        FROM claim
+        WHERE j.id = claim.id
+        RETURNING j.id, j.project, j.job, j.status
+    )
+    SELECT id, project, job, status,
+           (SELECT pg_notify(:channel, '') WHERE status = 'pending' AND scrapyd_nodes_want_work()) AS notified
+    FROM handed_back
 """)
 
 # Of this process's :ids/:attempts claims, those it no longer owns: recovered (back to pending, or claimed again,
@@ -141,54 +98,82 @@ CLAIMS_TAKEN_OVER = text("""
     WHERE j.worker IS DISTINCT FROM :worker OR j.attempts <> mine.attempt OR j.status = 'pending'
 """)
 
-# Hand back this process's claims that it runs no crawl for: the claim committed but its reply was lost with the
-# connection (a database restart or a killed session). Only claims made before claimed_before (on the database's
-# clock: base.on_database_clock), so that a claim whose reply is still on its way is never taken.
-# Reads spider_job_ongoing_worker_idx.
-FORGOTTEN_CLAIMS = f"""
-        UPDATE spider_job SET status = 'pending', unique_key = {KEY_UNLESS_TAKEN.format(row="spider_job")}
-        WHERE status = 'ongoing' AND worker = :worker AND NOT (id = ANY(:known_ids))
-          AND start_time < :claimed_before
-        RETURNING id, project, job, status"""
 # A node's tick: everything an idle node sends and learns each heartbeat, in one statement (one round trip, one
-# transaction) on its lease connection. Renews its lease (NULL clock: the node row is gone, register again);
-# when :recover, recovers other nodes' expired leases (EXPIRED_CLAIMS); when :release, hands back its forgotten
-# claims (FORGOTTEN_CLAIMS); pending ones wake idle nodes; writes its crawls' changed stats (STATS_WRITTEN). Reads
-# what the node acts on: the cancel requests for its
-# crawls (a floor under NOTIFY), the egg catalogue (EGG_CATALOGUE's figures: which projects changed) and in how
-# many seconds the next periodic job is due (NEXT_FIRE_IN) and the next webhook event (WEBHOOKS_DUE_IN); jobs that
-# recovery ends write their webhooks' events. Recovery and release touch disjoint rows (other
-# workers' jobs, this worker's), and a false flag costs nothing: the values are in the query string, so the
-# planner drops that step. Its lock_timeout is short: a lock held on spider_job (or another table it reads) must
-# not hold up the lease, so past it the tick gives way to HEARTBEAT alone (see node_tick).
-TICK_LOCK_TIMEOUT_MS = 250
-# Recovery runs only in a prompt tick: this node's previous heartbeat (the row as the statement's snapshot sees it,
-# before its own update) is at most :prompt_seconds old. A tick held up in a stalled server (sent before the stall,
-# run after it, when every node's heartbeat is old) recovers nothing: a stall is not a death.
-PROMPT_TICK = """AND :recover AND EXISTS (
-            SELECT FROM scrapyd_node AS me
-            WHERE me.id = :worker AND me.heartbeat_time > now() - make_interval(secs => :prompt_seconds)
-        )"""
-# The stats of this node's running crawls that changed (:stats, a JSON array of {id, attempt, stats}; '[]' for none),
-# each written while its claim owns the job: one statement per tick however many crawls run. Only the stats column
-# changes, which no index holds: the updates are HOT. Its rows are this worker's known claims, disjoint from the
-# other steps' rows.
-STATS_WRITTEN = """
-    stats_written AS (
+# transaction) on its lease connection, in steps:
+# - beat: renews its lease (NULL clock: the node row is gone, register again);
+# - stats_written: the stats of this node's running crawls that changed (:stats, a JSON array of {id, attempt,
+#   stats}; '[]' for none), each written while its claim owns the job: one statement per tick however many crawls
+#   run. Only the stats column changes, which no index holds: the updates are HOT;
+# - expired, recovered: when :recover, lease recovery: the jobs of every other process whose lease expired (no
+#   heartbeat for :lease_seconds, database clock) or that stopped. A job lost with its node failed: with _retries it
+#   waits out its backoff as 'delayed' (failure counted), or ends 'dead' once they are used up; without, it goes
+#   back to pending at once (the claim stays counted in attempts) and ends 'lost' once :max_attempts claims are used
+#   up. A cancel request ends it as 'cancelled' (a cancelled job never runs again). A job that runs again drops the
+#   stats of the lost attempt (its next attempt reports its own); an ended one keeps them and its pid, and writes its
+#   webhooks' events (trigger spider_job_ended). Reads spider_job_ongoing_worker_idx (running jobs only, by owner)
+#   joined to the small node table, never the waiting or finished rows. Locks owner and job rows, skipping locked
+#   ones: a heartbeat or a finish being written at this instant wins, and two nodes recovering at once share the
+#   work. Only in a prompt tick: this node's previous heartbeat (the row as the statement's snapshot sees it, before
+#   its own update) is at most :prompt_seconds old. A tick held up in a stalled server (sent before the stall, run
+#   after it, when every node's heartbeat is old) recovers nothing: a stall is not a death;
+# - released: when :release, hands back this process's claims that it runs no crawl for (the claim committed but
+#   its reply was lost with the connection: a database restart or a killed session); only claims made before
+#   :claimed_before (database clock: base.on_database_clock), so that a claim whose reply is still on its way is
+#   never taken. Reads spider_job_ongoing_worker_idx;
+# - pending settled jobs wake idle nodes.
+# It reads what the node acts on: the cancel requests for its crawls (a floor under NOTIFY), the egg catalogue
+# (which projects changed), in how many seconds the next periodic job is due and the next webhook event is (the head
+# of webhook_event_due_idx). Recovery and release touch disjoint rows (other workers' jobs, this worker's), and a
+# false flag costs nothing: the values are in the query string, so the planner drops that step. Its lock_timeout is
+# short (250 ms): a lock held on spider_job (or another table it reads) must not hold up the lease, so past it the
+# tick gives way to HEARTBEAT alone (see node_tick).
+NODE_TICK = text("""SET LOCAL lock_timeout = 250;
+    WITH beat AS (
+        UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
+        RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
+    ), stats_written AS (
         UPDATE spider_job AS j SET stats = s.stats
         FROM jsonb_to_recordset(CAST(:stats AS jsonb)) AS s(id bigint, attempt integer, stats jsonb)
         WHERE j.id = s.id AND j.attempts = s.attempt AND j.worker = :worker AND j.status = 'ongoing'
         RETURNING j.id
-    )"""
-NODE_TICK_QUERY = f"""
-    WITH beat AS (
-        UPDATE scrapyd_node SET heartbeat_time = now() WHERE id = :worker
-        RETURNING CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS database_clock
-    ), {STATS_WRITTEN}, {EXPIRED_CLAIMS.replace("FOR UPDATE", PROMPT_TICK + " FOR UPDATE")},
-    recovered AS ({RECOVER_EXPIRED}{SETTLED_FROM.format(source="expired")},
-    {job_events("recovered")},
-    released AS ({FORGOTTEN_CLAIMS.replace("WHERE status", "WHERE :release AND status")}),
-    settled AS (
+    ), expired AS (
+        SELECT j.id, n.name,
+               CASE WHEN j.cancel_requested THEN 'cancelled'
+                    WHEN j.retries > 0 AND j.failures >= j.retries THEN 'dead'
+                    WHEN j.retries = 0 AND j.attempts >= :max_attempts THEN 'lost' END AS outcome
+        FROM spider_job AS j JOIN scrapyd_node AS n ON n.id = j.worker
+        WHERE j.status = 'ongoing' AND j.worker <> :worker
+          AND (n.heartbeat_time < now() - make_interval(secs => :lease_seconds) OR n.stopped_time IS NOT NULL)
+          AND :recover AND EXISTS (
+            SELECT FROM scrapyd_node AS me
+            WHERE me.id = :worker AND me.heartbeat_time > now() - make_interval(secs => :prompt_seconds)
+        )
+        FOR UPDATE OF j, n SKIP LOCKED
+    ), recovered AS (
+        UPDATE spider_job AS j
+        SET status = CASE WHEN expired.outcome IS NOT NULL THEN 'terminated'
+                          WHEN j.retries > 0 THEN 'delayed' ELSE 'pending' END,
+            outcome = expired.outcome,
+            run_at = CASE WHEN expired.outcome IS NULL AND j.retries > 0
+                          THEN now() + make_interval(secs => j.retry_delay * 2 ^ j.failures) ELSE j.run_at END,
+            failures = j.failures + CASE WHEN j.retries > 0 AND NOT j.cancel_requested THEN 1 ELSE 0 END,
+            unique_key = CASE WHEN expired.outcome IS NULL THEN spider_job_key_unless_taken(j.project, j.unique_key)
+                              ELSE j.unique_key END,
+            reason = CASE WHEN expired.outcome IS NOT NULL OR j.retries > 0 THEN format(
+                'node %s stopped heart-beating during attempt %s of %s', expired.name, j.attempts, :max_attempts
+            ) END,
+            stats = CASE WHEN expired.outcome IS NOT NULL THEN j.stats END,
+            end_time = CASE WHEN expired.outcome IS NOT NULL THEN now() END,
+            pid = CASE WHEN expired.outcome IS NOT NULL THEN j.pid END
+        FROM expired
+        WHERE j.id = expired.id
+        RETURNING j.id, j.project, j.job, j.status
+    ), released AS (
+        UPDATE spider_job SET status = 'pending', unique_key = spider_job_key_unless_taken(project, unique_key)
+        WHERE :release AND status = 'ongoing' AND worker = :worker AND NOT (id = ANY(:known_ids))
+          AND start_time < :claimed_before
+        RETURNING id, project, job, status
+    ), settled AS (
         SELECT id, project, job, status, true AS recovered FROM recovered
         UNION ALL SELECT id, project, job, status, false FROM released
     )
@@ -196,7 +181,7 @@ NODE_TICK_QUERY = f"""
            (SELECT json_agg(json_build_object('id', id, 'project', project, 'job', job, 'status', status,
                                               'recovered', recovered)) FROM settled) AS settled,
            (SELECT count(*) FROM settled
-            WHERE status = 'pending' AND {NODES_WANT_WORK} AND pg_notify(:channel, '') IS NULL) AS notified,
+            WHERE status = 'pending' AND scrapyd_nodes_want_work() AND pg_notify(:channel, '') IS NULL) AS notified,
            (SELECT json_agg(json_build_object('id', id, 'project', project, 'job', job, 'worker', worker,
                                               'requests', cancel_requests, 'signal', cancel_signal))
             FROM spider_job WHERE status = 'ongoing' AND worker = :worker AND cancel_requests > 0) AS cancels,
@@ -206,9 +191,9 @@ NODE_TICK_QUERY = f"""
            (SELECT CAST(extract(epoch FROM min(next_fire_time) - now()) AS double precision) FROM periodic_job
             WHERE NOT paused) AS periodic_due_in,
            (SELECT count(*) FROM stats_written) AS stats_written,
-           {WEBHOOKS_DUE_IN} AS webhooks_due_in
-"""
-NODE_TICK = text(f"SET LOCAL lock_timeout = {TICK_LOCK_TIMEOUT_MS}; {NODE_TICK_QUERY}")
+           (SELECT CAST(extract(epoch FROM min(due_time) - now()) AS double precision) FROM webhook_event)
+               AS webhooks_due_in
+""")
 
 # --- operations ------------------------------------------------------------------------------------------------
 
@@ -258,7 +243,7 @@ class NodeLeases:
             sent = time.time()
             params = {"worker": worker, "name": name, "url": url, "max_proc": max_proc, "tags": list(tags)}
             database_clock = connection.execute(REGISTER_NODE, params).scalar()
-        db.learn_clock_offset(database_clock, sent, time.time())  # before this node claims anything
+        clock.learn_clock_offset(database_clock, sent, time.time())  # before this node claims anything
 
     @database_errors
     def heartbeat(self, worker: str) -> bool:
@@ -268,7 +253,7 @@ class NodeLeases:
             database_clock = connection.execute(HEARTBEAT, {"worker": worker}).scalar()
         if database_clock is None:
             return False
-        db.learn_clock_offset(database_clock, sent, time.time())
+        clock.learn_clock_offset(database_clock, sent, time.time())
         return True
 
     @database_errors
@@ -280,7 +265,7 @@ class NodeLeases:
         """Renew the lease and learn the cluster's news in one statement (NODE_TICK); ``recover`` and ``release``
         say whether to take other nodes' expired jobs (only while this node's previous heartbeat is at most
         ``prompt_seconds`` old) and to hand back this node's forgotten claims. ``stats``: (claim, stats dict) of
-        this node's running crawls whose stats changed, written on their rows (STATS_WRITTEN)."""
+        this node's running crawls whose stats changed, written on their rows."""
         params = {
             "worker": worker, "lease_seconds": float(lease_seconds), "max_attempts": max_attempts,
             "recover": recover, "release": release, "known_ids": list(known_ids),
@@ -300,7 +285,7 @@ class NodeLeases:
             return NodeTick(registered=self.heartbeat(worker), recovered=[], released=[], cancels=[], eggs=None,
                             periodic_due_in=None, stats_written=None)
         if row.database_clock is not None:
-            db.learn_clock_offset(row.database_clock, sent, time.time())
+            clock.learn_clock_offset(row.database_clock, sent, time.time())
         settled = [(job.pop("recovered"), ReleasedJob(**job)) for job in row.settled or []]
         return NodeTick(
             registered=row.database_clock is not None,
@@ -335,7 +320,7 @@ class NodeLeases:
                             max_attempts=max_attempts)
 
     def _settle(self, statement, **params) -> list[ReleasedJob]:
-        """Run a statement that settles claims (``ENDED_FROM``): pending jobs wake idle nodes on NOTIFY_CHANNEL."""
+        """Run a statement that settles claims (HAND_BACK_CLAIMS): pending jobs wake idle nodes on NOTIFY_CHANNEL."""
         with db.autocommit(self.engine) as connection:
             return _released(connection.execute(statement, {**params, "channel": NOTIFY_CHANNEL}))
 

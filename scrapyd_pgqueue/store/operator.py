@@ -11,7 +11,6 @@ from scrapyd_pgqueue.database.connection_pool import Engine
 from scrapyd_pgqueue.database.sql import IntegrityError, text
 from scrapyd_pgqueue.store.base import (
     JOB_STATUS,
-    KEY_UNLESS_TAKEN,
     NOTIFY_CHANNEL,
     DuplicateJobError,
     JobNotFoundError,
@@ -61,13 +60,13 @@ COUNTS_BY_SPIDER = text("""
 
 # Send dead jobs (of :project and :spider, all when NULL) back to pending with their failures forgotten, as they
 # were scheduled (their message); a job id that waits or runs again meanwhile is left dead. Wakes idle nodes.
-REQUEUE_DEAD = text(f"""
+REQUEUE_DEAD = text("""
     WITH requeued AS (
         UPDATE spider_job AS j
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
             pid = NULL, start_time = NULL, end_time = NULL, run_at = now(), failures = 0, created_time = now(),
             cancel_requested = false, cancel_requests = 0, cancel_signal = NULL, stats = NULL,
-            unique_key = {KEY_UNLESS_TAKEN.format(row="j")}
+            unique_key = spider_job_key_unless_taken(j.project, j.unique_key)
         WHERE status = 'terminated' AND outcome = 'dead' AND message IS NOT NULL
           AND (CAST(:project AS text) IS NULL OR project = :project)
           AND (CAST(:spider AS text) IS NULL OR spider = :spider)
@@ -127,7 +126,7 @@ PROJECTS_OF_JOB = text("SELECT DISTINCT project FROM spider_job WHERE job = :job
 # Put the newest terminated run of :project/:job back to pending as it was scheduled (its message), and wake idle
 # nodes. attempts keeps counting, so a late writer of an old claim can never finish the new one. The live-job
 # unique index refuses it while the same job id is pending or running.
-REQUEUE = text(f"""
+REQUEUE = text("""
     WITH target AS (
         SELECT id FROM spider_job
         WHERE project = :project AND job = :job AND status = 'terminated' AND message IS NOT NULL
@@ -138,7 +137,7 @@ REQUEUE = text(f"""
         UPDATE spider_job AS j
         SET status = 'pending', outcome = NULL, exit_code = NULL, reason = NULL, node = NULL, worker = NULL,
             pid = NULL, start_time = NULL, end_time = NULL, created_time = now(), run_at = now(),
-            unique_key = {KEY_UNLESS_TAKEN.format(row="j")},
+            unique_key = spider_job_key_unless_taken(j.project, j.unique_key),
             cancel_requested = false, cancel_requests = 0, cancel_signal = NULL, stats = NULL
         FROM target
         WHERE j.id = target.id

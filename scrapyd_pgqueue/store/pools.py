@@ -33,21 +33,9 @@ LIST_ROUTES = text("""
     ORDER BY project, spider
 """)
 
-# The pending pools that no live node can run (no live node has all of their tags), each with its pending jobs
-# counted up to :cap: the pools come from a skip scan of spider_job_pending_idx (spider_job_pending_pools), each
-# count from that pool's range of the same index. Live nodes: not stopped, heartbeat within :lease_seconds.
-UNROUTABLE_POOLS_SQL = """
-    SELECT pending.pool,
-           (SELECT count(*) FROM (SELECT 1 FROM spider_job AS j
-                                  WHERE j.status = 'pending' AND j.pool = pending.pool LIMIT :cap) AS capped) AS jobs
-    FROM spider_job_pending_pools() AS pending(pool)
-    WHERE NOT EXISTS (
-        SELECT FROM scrapyd_node AS n
-        WHERE n.stopped_time IS NULL AND n.heartbeat_time > now() - make_interval(secs => :lease_seconds)
-          AND string_to_array(pending.pool, ',') <@ n.tags
-    )
-"""
-UNROUTABLE_POOLS = text(UNROUTABLE_POOLS_SQL + " ORDER BY pending.pool")
+# The pending pools that no live node can run, each with its pending jobs counted up to :cap
+# (spider_job_unroutable_pools: one probe of spider_job_pending_idx per pending pool).
+UNROUTABLE_POOLS = text("SELECT pool, jobs FROM spider_job_unroutable_pools(:lease_seconds, :cap) ORDER BY pool")
 
 # The tags the newest row of job id :job (in :project, all projects when NULL) requires; reads spider_job_job_idx.
 JOB_POOL = text("""

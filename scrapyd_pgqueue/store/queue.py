@@ -165,7 +165,7 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
                         count = len(self._copy_jobs(connection, project, jobs))
                     else:
                         rows = enqueue.job_rows(project, jobs, numbered=True)
-                        count = len(self._store_rows(connection, project, rows)) if rows else 0
+                        count = len(self._store_rows(connection, project, rows, StoreSteps.of(rows))) if rows else 0
                 total += count
                 stored(count)
         return total
@@ -183,7 +183,8 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         """One batch of ``jobs`` by ``staging.stream_jobs`` in the caller's transaction; where each went."""
         streamed = staging.stream_jobs(
             connection, project, jobs, len(jobs),
-            lambda rows, positions, ids: self._store_rows(connection, project, rows, positions, ids))
+            lambda rows, positions, ids: self._store_rows(connection, project, rows, StoreSteps.of(rows), positions,
+                                                          ids))
         if streamed is None:
             raise db.too_late(self.engine, "no job was stored")
         return streamed
@@ -191,16 +192,16 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
     def _enqueue(self, project: str, rows: list[dict[str, Any]]) -> list[Enqueued]:
         if not rows:
             return []
-        alone = not (trees.needs_trees(rows) or _refuses_existing(rows))
-        with (db.autocommit if alone else db.transaction)(self.engine) as connection:
-            return self._store_rows(connection, project, rows)
+        steps = StoreSteps.of(rows)
+        with (db.transaction if steps.in_trees or steps.refuses_existing else db.autocommit)(self.engine) as connection:
+            return self._store_rows(connection, project, rows, steps)
 
-    def _store_rows(self, connection, project: str, rows: list[dict[str, Any]], positions: list[int] | None = None,
-                    ids: list[int] | None = None) -> list[Enqueued]:
-        """Store ``rows`` on ``connection`` (in a transaction unless a single statement does it all); ``positions``
-        and reserved ``ids``: a batch's jobs set aside by ``staging.stream_jobs``, at those places in its batch."""
-        in_trees = trees.needs_trees(rows)
-        known = trees.place_in_trees(connection, project, rows, self.tree_max_jobs) if in_trees else {}
+    def _store_rows(self, connection, project: str, rows: list[dict[str, Any]], steps: StoreSteps,
+                    positions: list[int] | None = None, ids: list[int] | None = None) -> list[Enqueued]:
+        """Store ``rows`` on ``connection`` (in a transaction unless a single statement does it all), in one pass:
+        placed in their trees, inserted (or staged), keys refused, trees started. ``positions`` and reserved ``ids``:
+        a batch's jobs set aside by ``staging.stream_jobs``, at those places in its batch."""
+        known = trees.place_in_trees(connection, project, rows, self.tree_max_jobs) if steps.in_trees else {}
         new = [index for index in range(len(rows)) if index not in known]
         new_rows = [rows[index] for index in new]
         if not new_rows:
@@ -211,10 +212,10 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
             inserted = enqueue.insert_jobs(connection, project, new_rows)
         if new_rows and not inserted:
             raise db.too_late(self.engine, "no job was stored")
-        if _refuses_existing(rows):  # rolls the batch back
+        if steps.refuses_existing:  # rolls the batch back
             enqueue.refuse_existing_keys(new_rows, inserted, None if positions is None else
                                          [positions[index] for index in new])
-        if in_trees:
+        if steps.in_trees:
             trees.start_trees(connection, new_rows, inserted)
         placed = iter(inserted)
         return [known[index] if index in known else next(placed) for index in range(len(rows))]
@@ -277,9 +278,17 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
 
 
 
-def _refuses_existing(rows: list[dict[str, Any]]) -> bool:
-    """Whether a job refuses a unique key already held (checked after the insert, which the refusal rolls back)."""
-    return any(row["on_conflict"] == ERROR for row in rows if row["unique_key"])
+class StoreSteps(NamedTuple):
+    """What a batch of rows needs besides its insert, asked once: trees (a parent, or a root that starts a tree) and
+    the refusal of a unique key already held (checked after the insert, which the refusal rolls back). Either makes
+    the store a transaction of several statements."""
+
+    in_trees: bool
+    refuses_existing: bool
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]]) -> StoreSteps:
+        return cls(trees.needs_trees(rows), any(row["on_conflict"] == ERROR for row in rows if row["unique_key"]))
 
 
 def notify_through_pool(settings):

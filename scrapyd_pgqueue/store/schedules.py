@@ -18,8 +18,8 @@ from scrapyd_pgqueue.config import pool_key, pool_tags
 from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.database.sql import IntegrityError, text
 from scrapyd_pgqueue.job_rules.checks import InvalidJobError, check_name, check_priority, encode_message
-from scrapyd_pgqueue.job_rules.job_requests import PeriodicJob
 from scrapyd_pgqueue.job_rules.options import JobOptions
+from scrapyd_pgqueue.job_rules.periodic_jobs import PeriodicJob
 from scrapyd_pgqueue.job_rules.timing import (
     InvalidScheduleError,
     Timing,
@@ -28,7 +28,6 @@ from scrapyd_pgqueue.job_rules.timing import (
 )
 from scrapyd_pgqueue.store import enqueue
 from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, StorePerEngine, database_errors, read_rows
-from scrapyd_pgqueue.store.webhooks import periodic_skipped_events
 
 # Channel of the NOTIFY sent when a periodic job is added, changed or resumed: nodes recompute when to wake up.
 PERIODIC_CHANNEL = "scrapyd_pgqueue_periodic"
@@ -127,14 +126,22 @@ FIRED_PERIODIC = text("""
 """)
 
 # The same compare-and-set for a due time passed over: the previous firing still waits or runs (overlap = skip),
-# or the job could not be built (broken: tried again later, not counted). A counted skip writes its webhooks'
-# events in the same statement.
-SKIPPED_PERIODIC = text(f"""
+# or the job could not be built (broken: tried again later, not counted). A counted skip (:counted = 1) writes its
+# webhooks' events in the same statement, one per hook that wants it; :expected is the due time passed over.
+SKIPPED_PERIODIC = text("""
     WITH skipped AS (
         UPDATE periodic_job SET next_fire_time = :next_fire_time, skipped = skipped + :counted
         WHERE name = :name AND next_fire_time = :expected
         RETURNING *
-    ), {periodic_skipped_events("skipped")}
+    ), skipped_events AS (
+        INSERT INTO webhook_event (webhook_id, event, fields)
+        SELECT w.id, 'periodic_skipped', jsonb_build_object(
+                   'periodic', p.name, 'project', p.project, 'spider', p.spider,
+                   'due_time', CAST(:expected AS timestamptz), 'running_job', p.last_job, 'skipped', p.skipped)
+        FROM skipped AS p
+        JOIN webhook AS w ON 'periodic_skipped' = ANY(w.events) AND (w.project IS NULL OR w.project = p.project)
+        WHERE :counted = 1
+    )
     SELECT name FROM skipped
 """)
 

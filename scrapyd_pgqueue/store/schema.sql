@@ -782,6 +782,78 @@ AS $function$
     $function$;
 
 
+-- A job going back to waiting (a retry, a recovery, a hand-back, a requeue) keeps its unique key unless a new waiting
+-- job of its project took it meanwhile (0018; a running job does not hold its key): one probe of
+-- spider_job_waiting_unique_key. STABLE: it reads with its caller's snapshot.
+CREATE OR REPLACE FUNCTION spider_job_key_unless_taken(p_project text, p_unique_key text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+        SELECT CASE WHEN EXISTS (
+            SELECT 1 FROM spider_job AS waiting
+            WHERE waiting.project = p_project AND waiting.unique_key = p_unique_key
+              AND waiting.status IN ('delayed', 'pending')
+        ) THEN NULL ELSE p_unique_key END
+    $function$;
+
+
+-- Whether a node may need waking (0018): one has free slots and found nothing to claim (scrapyd_node.wants_work,
+-- 0016; NULL: not said yet). The statements that make jobs claimable send their NOTIFY only then: every notifying
+-- transaction commits one at a time (Postgres's lock on its notification queue) and wakes every listening backend,
+-- so a job sent to a cluster whose nodes are all busy sends none. One probe of scrapyd_node_wanting_idx.
+CREATE OR REPLACE FUNCTION scrapyd_nodes_want_work()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+        SELECT EXISTS (SELECT 1 FROM scrapyd_node WHERE wants_work IS NOT FALSE AND stopped_time IS NULL)
+    $function$;
+
+
+-- The pending pools that no live node can run (0018), each with its pending jobs counted up to p_cap: the pools from
+-- spider_job_pending_pools' skip scan, each count from that pool's range of spider_job_pending_idx. Live nodes: not
+-- stopped, heartbeat within p_lease_seconds. What unroutable.json, /metrics and the cluster's counts show.
+CREATE OR REPLACE FUNCTION spider_job_unroutable_pools(p_lease_seconds double precision, p_cap bigint)
+ RETURNS TABLE(pool text, jobs bigint)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+        SELECT pending.pool,
+               (SELECT count(*) FROM (SELECT 1 FROM spider_job AS j
+                                      WHERE j.status = 'pending' AND j.pool = pending.pool LIMIT p_cap) AS capped)
+        FROM spider_job_pending_pools() AS pending(pool)
+        WHERE NOT EXISTS (
+            SELECT FROM scrapyd_node AS n
+            WHERE n.stopped_time IS NULL AND n.heartbeat_time > now() - make_interval(secs => p_lease_seconds)
+              AND string_to_array(pending.pool, ',') <@ n.tags
+        )
+    $function$;
+
+
+-- The webhook events of a job that ended (0018): one per webhook that wants it, named by its outcome when the hook
+-- asks for that, else 'ended'; written in the transaction that ends the job (the outbox), whichever statement ends
+-- it. Without hooks the insert reads an empty table. Its two triggers on spider_job follow the tree's.
+CREATE OR REPLACE FUNCTION spider_job_ended_events()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+    BEGIN
+        INSERT INTO webhook_event (webhook_id, event, fields)
+        SELECT w.id, CASE WHEN NEW.outcome = ANY(w.events) THEN NEW.outcome ELSE 'ended' END, jsonb_build_object(
+                   'project', NEW.project, 'spider', NEW.spider, 'job', NEW.job, 'node', NEW.node,
+                   'outcome', NEW.outcome, 'reason', NEW.reason, 'exit_code', NEW.exit_code,
+                   'start_time', NEW.start_time, 'end_time', NEW.end_time, 'stats', NEW.stats)
+        FROM webhook AS w
+        WHERE w.events && ARRAY[NEW.outcome, 'ended'] AND (w.project IS NULL OR w.project = NEW.project);
+        RETURN NULL;
+    END $function$;
+
+
 -- ---------------------------------------------------------------------------------------------------------------
 -- Triggers
 -- ---------------------------------------------------------------------------------------------------------------
@@ -800,6 +872,15 @@ CREATE TRIGGER spider_tree_job_moved AFTER UPDATE OF status ON spider_job FOR EA
 -- A waiting or running tree job deleted: one fewer (a terminated one was counted out when it ended).
 CREATE TRIGGER spider_tree_job_removed AFTER DELETE ON spider_job FOR EACH ROW
     WHEN (OLD.tree_id IS NOT NULL AND OLD.status <> 'terminated') EXECUTE FUNCTION spider_tree_count();
+
+-- A job's end writes its webhooks' events (spider_job_ended_events, 0018); the WHEN clauses keep every other change
+-- at no cost. An update that sets a job's status and leaves it terminated with an outcome ended it (a finish, a
+-- cancel, a recovery, a hand-back; a late finish of a job recovery gave up as lost ends it again).
+CREATE TRIGGER spider_job_ended AFTER UPDATE OF status ON spider_job FOR EACH ROW
+    WHEN (NEW.status = 'terminated' AND NEW.outcome IS NOT NULL) EXECUTE FUNCTION spider_job_ended_events();
+-- A terminated job inserted: a crawl that never went through the queue, recorded.
+CREATE TRIGGER spider_job_recorded AFTER INSERT ON spider_job FOR EACH ROW
+    WHEN (NEW.status = 'terminated' AND NEW.outcome IS NOT NULL) EXECUTE FUNCTION spider_job_ended_events();
 
 
 -- ---------------------------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ than their sum. Its due time and status are worked out from the transaction's ``
 transaction reads alike. Jobs with a unique key wait for the end of that COPY: those whose key no waiting job holds
 are copied in the same way (one index probe a key); the rest, and tree jobs, are stored by the caller
 (``place_aside``): copied into spider_job_staging with their reserved ids; a held key's replace then updates the
-waiting job in place (REPLACE_STAGED_JOBS), and the rest are moved by ``enqueue.INSERT_BATCH``, which applies the
-unique key's rules (keep, error) and the tree's.
+waiting job in place (REPLACE_STAGED_JOBS), and the rest are moved by MOVE_STAGED_JOBS (``enqueue.ENQUEUE_JOBS`` over
+staged rows), which applies the unique key's rules (keep, error) and the tree's.
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ import io
 import re
 from typing import Any, Callable, Iterable
 
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock
 from scrapyd_pgqueue.database.sql import text
-from scrapyd_pgqueue.store.base import NODES_WANT_WORK, NOTIFY_CHANNEL, Enqueued
+from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, Enqueued
 from scrapyd_pgqueue.store.enqueue import (
     ENQUEUE_COLUMNS,
-    INSERT_BATCH,
-    REPLACED_COLUMNS,
     Repeats,
     checked_row,
     duplicates_refused,
@@ -36,7 +34,7 @@ from scrapyd_pgqueue.store.enqueue import (
 
 # :count ids for a batch, in its order, the transaction's time (its jobs' creation and, for most, due time), and the
 # project's routes (spider -> the tags its jobs require, for the jobs without tags of their own). None once the
-# caller's time ran out (see enqueue.INSERT_BATCH).
+# caller's time ran out (see enqueue.ENQUEUE_JOBS).
 RESERVE_IDS = text("""
     SELECT array_agg(nextval('spider_job_id_seq') ORDER BY n) AS ids, now() AS now,
            (SELECT coalesce(json_object_agg(spider, pool), '{}') FROM spider_route WHERE project = :project) AS routes
@@ -59,13 +57,46 @@ STAGE_JOBS = ("COPY spider_job_staging (id, n, spider, job, version, priority, m
               "unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout, "
               "pool) FROM STDIN")  # after id and n, enqueue.ENQUEUE_COLUMNS
 # The staged jobs, moved: a transaction sees only its own staged rows (the committed ones were all deleted), and
-# :first, the batch's first n, skips its earlier batches (dead rows until it ends) in the index.
-MOVE_STAGED_JOBS = text(INSERT_BATCH.format(id="id, ", batch="""batch AS (
+# :first, the batch's first n, skips its earlier batches (dead rows until it ends) in the index. Apart from where its
+# rows come from, and their reserved ids, this is enqueue.ENQUEUE_JOBS (see there; a test keeps the two in step).
+MOVE_STAGED_JOBS = text("""
+    WITH batch AS (
         DELETE FROM spider_job_staging WHERE batch = txid_current() AND n >= :first RETURNING *
-    )"""))
+    ), inserted AS (
+        INSERT INTO spider_job AS j (id, project, spider, job, version, priority, message, status, run_at, unique_key,
+                                     retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime,
+                                     stall_timeout, pool, created_time)
+        SELECT id, :project, spider, job, version, priority, message,
+               CASE WHEN due > now() THEN 'delayed' ELSE 'pending' END, coalesce(due, now()),
+               unique_key, retries, retry_delay, periodic, parent, parent_id, tree_id, max_runtime, stall_timeout,
+               coalesce(pool, (SELECT r.pool FROM spider_route AS r
+                               WHERE r.project = :project AND r.spider = due_batch.spider), ''),
+               now()
+        FROM (SELECT b.*, coalesce(to_timestamp(b.run_at_epoch), now() + make_interval(secs => b.delay)) AS due
+              FROM batch AS b) AS due_batch
+        WHERE clock_timestamp() < to_timestamp(:answer_by)
+        ORDER BY n
+        ON CONFLICT (project, unique_key) WHERE status IN ('delayed', 'pending') AND unique_key IS NOT NULL
+        DO UPDATE SET (spider, version, priority, message, status, run_at, retries, retry_delay, max_runtime,
+                       stall_timeout, pool) = (
+            SELECT EXCLUDED.spider, EXCLUDED.version, EXCLUDED.priority,
+                   EXCLUDED.message || jsonb_build_object('_job', j.job), EXCLUDED.status, EXCLUDED.run_at,
+                   EXCLUDED.retries, EXCLUDED.retry_delay, EXCLUDED.max_runtime, EXCLUDED.stall_timeout, EXCLUDED.pool
+            WHERE EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
+            UNION ALL
+            SELECT j.spider, j.version, j.priority, j.message, j.status, j.run_at, j.retries, j.retry_delay,
+                   j.max_runtime, j.stall_timeout, j.pool
+            WHERE NOT EXCLUDED.unique_key = ANY(CAST(:replace_keys AS text[]))
+        )
+        RETURNING j.id, j.job, j.unique_key, j.xmax <> 0 AS existing
+    ), woken AS (
+        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM inserted) AND scrapyd_nodes_want_work()
+    )
+    SELECT id, job, unique_key, existing FROM inserted, (SELECT count(*) FROM woken) AS notified
+""")
 # The staged jobs with a key in :replace_keys, taken out of the staging table, each updating the waiting job that
 # holds its key (a plain UPDATE joined on the key: spider_job_waiting_unique_key, one probe a job, in batch order). It
-# sets what INSERT_BATCH's ON CONFLICT sets, the job id kept, in three quarters of its time (100,000 replaced keys in
+# sets what ENQUEUE_JOBS' ON CONFLICT sets, the job id kept, in three quarters of its time (100,000 replaced keys in
 # batches of 20,000: 2.4-2.5 s against 3.2-3.5 s): no speculative insertion, no row lock before the update, no
 # subquery per row. A taken job whose key no waiting job holds any longer (claimed meanwhile: the join's condition is
 # checked again on a row it waited for) is not in the answer: the caller stages it again for the move, which inserts
@@ -76,7 +107,8 @@ REPLACE_STAGED_JOBS = text("""
         WHERE batch = txid_current() AND n >= :first AND unique_key = ANY(CAST(:replace_keys AS text[]))
         RETURNING *, coalesce(to_timestamp(run_at_epoch), now() + make_interval(secs => delay)) AS due
     ), replaced AS (
-        UPDATE spider_job AS j SET (""" + REPLACED_COLUMNS + """) = (
+        UPDATE spider_job AS j SET (spider, version, priority, message, status, run_at, retries, retry_delay,
+                                    max_runtime, stall_timeout, pool) = (
             s.spider, s.version, s.priority, s.message || jsonb_build_object('_job', j.job),
             CASE WHEN s.due > now() THEN 'delayed' ELSE 'pending' END, s.due, s.retries, s.retry_delay,
             s.max_runtime, s.stall_timeout,
@@ -87,12 +119,12 @@ REPLACE_STAGED_JOBS = text("""
           AND j.status IN ('delayed', 'pending') AND clock_timestamp() < to_timestamp(:answer_by)
         RETURNING j.id, j.job, j.unique_key, true AS existing
     ), woken AS (
-        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM replaced) AND """ + NODES_WANT_WORK + """
+        SELECT pg_notify(:channel, '') WHERE EXISTS (SELECT 1 FROM replaced) AND scrapyd_nodes_want_work()
     )
     SELECT id, job, unique_key, existing FROM replaced, (SELECT count(*) FROM woken) AS notified
 """)
-# Wakes idle nodes at commit, once per transaction, if any node wants work (store/base.NODES_WANT_WORK).
-NOTIFY_JOBS = text(f"SELECT pg_notify(:channel, '') WHERE {NODES_WANT_WORK}")
+# Wakes idle nodes at commit, once per transaction, if any node wants work.
+NOTIFY_JOBS = text("SELECT pg_notify(:channel, '') WHERE scrapyd_nodes_want_work()")
 # Rows of checked jobs a read of the COPY hands the driver: enough to keep the server busy between two reads.
 ROWS_PER_READ = 500
 
@@ -126,7 +158,7 @@ def stream_jobs(connection, project: str, jobs: Iterable[tuple], count: int,
     held, a tree) with their positions in the batch and their reserved ids, and says where each went. An
     InvalidJobError or DuplicateJobError names a job by its position in the batch; an error raised by ``jobs``
     itself is raised as it is."""
-    params = {"channel": NOTIFY_CHANNEL, "answer_by": db.answer_by()}
+    params = {"channel": NOTIFY_CHANNEL, "answer_by": clock.answer_by()}
     reserved = connection.execute(RESERVE_IDS, {"project": project, "count": count,
                                                 "answer_by": params["answer_by"]}).first()
     if reserved is None:
@@ -243,7 +275,7 @@ class _CheckedJobs:
         return "".join(lines).encode()
 
     def queue_line(self, id: int, row: dict[str, Any]) -> str:
-        """A job's row in COPY_JOBS' columns, as INSERT_BATCH would write it (times as text: most are ``now``; the
+        """A job's row in COPY_JOBS' columns, as ENQUEUE_JOBS would write it (times as text: most are ``now``; the
         pool its own tags, else its spider's route, else any node). The line of the common job (text that needs no
         escape, no version, periodic or limits) is written at once; any other, value by value."""
         if row["run_at"] is not None:

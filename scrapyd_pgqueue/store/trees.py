@@ -12,12 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock, db
 from scrapyd_pgqueue.database.connection_pool import Engine
 from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.job_rules.checks import InvalidJobError
-from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, IN_TIME, Enqueued, JobRow, database_errors
-from scrapyd_pgqueue.store.webhooks import job_events
+from scrapyd_pgqueue.store.base import CANCEL_CHANNEL, Enqueued, JobRow, database_errors
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
@@ -94,16 +93,12 @@ CLAIM_TREE_KEYS = text("""
 """)
 
 # Cancel children just scheduled into a cancelled tree: nothing of it may wait or run again. Their webhooks' events
-# (ended) are written with them.
-CANCEL_NEW_CHILDREN = text(f"""
-    WITH cancelled AS (
-        UPDATE spider_job
-        SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
-            end_time = now()
-        WHERE id = ANY(:ids) AND status IN ('delayed', 'pending')
-        RETURNING *
-    ), {job_events("cancelled")}
-    SELECT count(*) FROM cancelled
+# (ended) are written with them (trigger spider_job_ended).
+CANCEL_NEW_CHILDREN = text("""
+    UPDATE spider_job
+    SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
+        end_time = now()
+    WHERE id = ANY(:ids) AND status IN ('delayed', 'pending')
 """)
 
 # The newest row of job :job (of :project, any when NULL), its parent and its tree's root.
@@ -145,10 +140,10 @@ LOCK_TREE_FOR_CANCEL = text("SELECT root_id FROM spider_tree WHERE root_id = :tr
 
 # Cancel a whole tree: mark it (children scheduled later are cancelled as they come), cancel its waiting jobs, and
 # ask the nodes running its running jobs to signal them (one request each, NOTIFY as cancel.json does). Only while
-# the caller still waits for the answer (IN_TIME), as one job's. The waiting jobs' webhooks' events (ended) are
-# written with them.
-CANCEL_TREE = text(f"""
-    WITH {IN_TIME}, tree AS (
+# the caller still waits for the answer (in_time), as one job's. The waiting jobs' webhooks' events (ended) are
+# written with them (trigger spider_job_ended).
+CANCEL_TREE = text("""
+    WITH in_time AS MATERIALIZED (SELECT clock_timestamp() < to_timestamp(:answer_by) AS ok), tree AS (
         UPDATE spider_tree SET cancelled = true WHERE root_id = :tree_id AND (SELECT ok FROM in_time)
         RETURNING root_id
     ), waiting AS (
@@ -156,8 +151,8 @@ CANCEL_TREE = text(f"""
         SET status = 'terminated', outcome = 'cancelled', reason = 'its tree was cancelled', cancel_requested = true,
             end_time = now()
         WHERE (tree_id = :tree_id OR id = :tree_id) AND status IN ('delayed', 'pending') AND (SELECT ok FROM in_time)
-        RETURNING *
-    ), {job_events("waiting")}, running AS (
+        RETURNING id
+    ), running AS (
         UPDATE spider_job
         SET cancel_requested = true, cancel_requests = cancel_requests + 1, cancel_signal = :signal
         WHERE (tree_id = :tree_id OR id = :tree_id) AND status = 'ongoing' AND (SELECT ok FROM in_time)
@@ -375,7 +370,7 @@ class TreeQueries:
             if found is None:
                 return None
             params = {"tree_id": found.tree_id, "signal": signal, "channel": CANCEL_CHANNEL,
-                      "answer_by": db.answer_by()}
+                      "answer_by": clock.answer_by()}
             connection.execute(LOCK_TREE_FOR_CANCEL, params)
             row = connection.execute(CANCEL_TREE, params).one()
             if not row.in_time:

@@ -1,8 +1,9 @@
-"""Webhooks: the operator's hooks (``WebhookStore``), the outbox steps that the statements ending a job, completing a
-tree or skipping a periodic firing carry, and the delivery's claim and record.
+"""Webhooks: the operator's hooks (``WebhookStore``) and the delivery's claim and record.
 
 An event is written in the same transaction as what caused it, one row of ``webhook_event`` per hook that wants it
-(none without hooks: the step joins the hooks table, empty then). Any node delivers it: it claims due events with
+(none without hooks: the insert joins the hooks table, empty then): a job's end by the trigger spider_job_ended (or
+spider_job_recorded), a tree's completion by spider_tree_count (both in schema.sql), a periodic firing passed over
+by ``schedules.SKIPPED_PERIODIC``. Any node delivers it: it claims due events with
 ``FOR UPDATE SKIP LOCKED`` and moves each one a lease ahead (``due_time``), so one node at a time sends it, and one
 killed mid-delivery loses nothing: the event is due again after the lease. A delivered event is deleted; a failed
 one is due again after a backoff, until ``webhook_retry_hours`` have passed since it was written (then given up).
@@ -30,48 +31,6 @@ MAX_ERROR_CHARS = 500  # of an attempt's error, as kept
 class WebhookNotFoundError(LookupError):
     """No webhook with this id."""
 
-
-# --- the outbox steps, carried by other statements -------------------------------------------------------------
-
-# What an ended job's row gives its event (event_body in node/webhooks.py makes the body from it). stats: NULL until
-# spider_job has the crawl's stats; then '{row}.stats'.
-JOB_EVENT_FIELDS = """jsonb_build_object(
-            'project', {row}.project, 'spider', {row}.spider, 'job', {row}.job, 'node', {row}.node,
-            'outcome', {row}.outcome, 'reason', {row}.reason, 'exit_code', {row}.exit_code,
-            'start_time', {row}.start_time, 'end_time', {row}.end_time, 'stats', {row}.stats)"""
-
-
-def job_events(source: str) -> str:
-    """A CTE (named ``<source>_events``) that writes an event for each job of ``source`` (rows of spider_job, as the
-    statement left them) that ended, for each hook that wants it: its outcome by name, or ``ended``. One event per
-    hook and job, named by the outcome when the hook asks for it. Without hooks the join reads an empty table."""
-    return f"""{source}_events AS (
-        INSERT INTO webhook_event (webhook_id, event, fields)
-        SELECT w.id, CASE WHEN j.outcome = ANY(w.events) THEN j.outcome ELSE 'ended' END,
-               {JOB_EVENT_FIELDS.format(row="j")}
-        FROM {source} AS j
-        JOIN webhook AS w ON w.events && ARRAY[j.outcome, 'ended'] AND (w.project IS NULL OR w.project = j.project)
-        WHERE j.status = 'terminated' AND j.outcome IS NOT NULL
-    )"""
-
-
-# A periodic job's firing passed over (overlap = skip): one event per hook that wants it. {source} returns the
-# periodic_job row; :expected is the due time passed over; :counted = 0 (a broken schedule retried) writes none.
-def periodic_skipped_events(source: str) -> str:
-    return f"""{source}_events AS (
-        INSERT INTO webhook_event (webhook_id, event, fields)
-        SELECT w.id, 'periodic_skipped', jsonb_build_object(
-                   'periodic', p.name, 'project', p.project, 'spider', p.spider, 'due_time', CAST(:expected AS
-                   timestamptz), 'running_job', p.last_job, 'skipped', p.skipped)
-        FROM {source} AS p
-        JOIN webhook AS w ON 'periodic_skipped' = ANY(w.events) AND (w.project IS NULL OR w.project = p.project)
-        WHERE :counted = 1
-    )"""
-
-
-# In how many seconds the next event is due (negative: overdue; NULL: none), for the node's tick: the head of
-# webhook_event_due_idx, nothing read without events.
-WEBHOOKS_DUE_IN = "(SELECT CAST(extract(epoch FROM min(due_time) - now()) AS double precision) FROM webhook_event)"
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

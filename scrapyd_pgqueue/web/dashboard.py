@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock
 from scrapyd_pgqueue.store import COUNT_CAP, AllJobsStore, OverviewStore, ScheduleStore, local_time
 from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, int_parameter, no_microseconds, quoted_log_path
 from scrapyd_pgqueue.web.svg import minute_chart
@@ -228,7 +228,7 @@ class DashboardPage(ThreadedPage):
     def build(self, request) -> bytes:
         hours = int_parameter(request, "hours", DEFAULT_HOURS, 1, MAX_HOURS)
         settings = self.root.settings
-        view = View(self.base_path(request), local_time(db.database_now()), hours, settings)
+        view = View(self.base_path(request), local_time(clock.database_now()), hours, settings)
         cluster, overview = AllJobsStore.for_settings(settings), OverviewStore.for_settings(settings)
         parts = [render_summary(fetch_summary(cluster, overview, view), view)]
         for section in SECTIONS:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
-from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database import clock
 from scrapyd_pgqueue.store import MAX_PENDING_OFFSET, PENDING_COUNT_CAP, AllJobsStore, OverviewStore, local_time
 from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web.page import (
@@ -163,7 +163,7 @@ class Rows:
 
     def running(self, job) -> str:
         start = job.start_time
-        runtime = no_microseconds(db.database_now() - start) if start else None  # the same clock as start_time
+        runtime = no_microseconds(clock.database_now() - start) if start else None  # the same clock as start_time
         return self.row({
             "Project": esc(job.project), "Spider": esc(job.spider), "Job": esc(job.job), "PID": esc(job.pid),
             "Start": esc(no_microseconds(local_time(start))), "Runtime": esc(runtime),
