@@ -1,36 +1,61 @@
-"""Settings read from Scrapyd's ``Config`` and the environment.
+"""Settings read from Scrapyd's ``Config`` and the environment, each option declared once.
 
-The environment wins over the config file: some Scrapyd code paths build ``Config(values={...})``, which
-reads no file, and containers pass secrets through the environment.
+Every option of a node is a field of ``Settings`` declared with ``option()``: its name, type, default (as written in
+scrapyd.conf), environment variable and one line of help. ``settings()`` reads them; the reference page, the
+commented ``scrapyd.cfg`` and ``scrapyd-pgqueue config`` are made from the same declarations (``OPTIONS``).
+Options a node reads elsewhere (Scrapyd's own among them) are declared in ``NODE_OPTIONS``.
+
+The environment wins over the config file: some Scrapyd code paths build ``Config(values={...})``, which reads no
+file, and containers pass secrets through the environment.
 """
 
 from __future__ import annotations
 
-import configparser
+import dataclasses
 import os
-import pkgutil
 import re
 import socket
+import typing
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-DATABASE_URL_OPTION = "database_url"
+from scrapyd_pgqueue.tags import InvalidTagsError, parse_tags
+
 DATABASE_URL_VARIABLE = "SCRAPYD_DATABASE_URL"
-LISTEN_URL_OPTION = "listen_url"
-LISTEN_URL_VARIABLE = "SCRAPYD_LISTEN_URL"
-LEASE_LOST_ACTIONS = ("keep", "stop")
 NODE_NAME_VARIABLE = "SCRAPYD_NODE_NAME"
-NODE_TAGS_VARIABLE = "SCRAPYD_NODE_TAGS"
 # Set by the node for each crawl: the path of the egg to run, or empty when the project has none.
 EGG_FILE_VARIABLE = "SCRAPYD_PGQUEUE_EGG"
-# Jobs a crawl tree may ever have, unless tree_max_jobs says otherwise.
-DEFAULT_TREE_MAX_JOBS = 100_000
+LEASE_LOST_ACTIONS = ("keep", "stop")
 
 # Identifies this Scrapyd process: its row in scrapyd_node and the owner (lease holder) of the jobs it claims.
 WORKER_ID = uuid.uuid4().hex
 
+
+class ConfigurationError(RuntimeError):
+    """The node's configuration cannot work; raised at start-up."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option as a user reads it: ``default`` as written in scrapyd.conf ("": unset), the environment
+    ``variable`` that wins over the file, one line of ``help``, and the ``group`` it is listed under."""
+
+    name: str
+    default: str
+    help: str
+    group: str
+    variable: str = ""
+    parse: Callable[[str, str], typing.Any] | None = None  # (option, text) -> value; None: by the field's type
+    scrapyd: bool = False  # Scrapyd's own option (its default is Scrapyd's), read by Scrapyd or by us
+
+
+def option(default: str, help: str, group: str, *, variable: str = "", parse=None, repr: bool = True):
+    """A field of ``Settings`` declared as an option (its name is the field's)."""
+    return field(repr=repr, metadata={"option": Option("", default, help, group, variable, parse)})
+
+
+# --- parsers: (option, text as written) -> value ----------------------------------------------------------------
 
 _URL_SCHEME = re.compile(r"^postgres(ql)?(\+psycopg2)?://")
 
@@ -52,88 +77,192 @@ def url_ambiguity(url: str) -> str | None:
     return None
 
 
-class ConfigurationError(RuntimeError):
-    """The node's configuration cannot work; raised at start-up."""
+def _url(name: str, url: str) -> str:
+    """A database URL, or a ConfigurationError (which quotes none of it) when libpq may read it otherwise."""
+    ambiguity = url_ambiguity(url)
+    if ambiguity:
+        raise ConfigurationError(f"the database URL of SCRAPYD_{name.upper()} or '{name}' is ambiguous: {ambiguity} "
+                                 "(in scrapyd.conf, write each '%' as '%%')")
+    return url
+
+
+def _required_url(name: str, url: str) -> str:
+    if not url:
+        raise ConfigurationError(
+            f"no database URL: set '{name}' in the [scrapyd] section of scrapyd.conf or the {DATABASE_URL_VARIABLE} "
+            "environment variable (postgresql://user:password@host:5432/db)")
+    return _url(name, url)
+
+
+def _number(kind):
+    def parse(name: str, text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            raise ConfigurationError(f"'{name}' must be a number, not {text!r}") from None
+    return parse
+
+
+def _switch(name: str, text: str) -> bool:
+    value = text.lower()
+    if value not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
+        raise ConfigurationError(f"'{name}' must be on or off, not {text!r}")
+    return value in ("on", "true", "yes", "1")
+
+
+def _seconds_or_off(name: str, text: str) -> float | None:
+    """Seconds, where 0 (or unset) turns the limit off."""
+    return (_number(float)(name, text) or None) if text else None
+
+
+def _lease_lost(name: str, text: str) -> str:
+    if text.lower() not in LEASE_LOST_ACTIONS:
+        raise ConfigurationError(f"'{name}' must be one of {', '.join(LEASE_LOST_ACTIONS)}, not {text!r}")
+    return text.lower()
+
+
+def _tags(name: str, text: str) -> tuple[str, ...]:
+    try:
+        return parse_tags(text)
+    except InvalidTagsError as e:
+        raise ConfigurationError(f"SCRAPYD_{name.upper()} or '{name}': {e}") from None
+
+
+def uid_range(name: str, text: str) -> tuple[int, int]:
+    """FIRST-LAST, uids above root's and the system's (1000 up), at least one."""
+    first, _, last = text.partition("-")
+    try:
+        first_uid, last_uid = int(first), int(last)
+    except ValueError:
+        raise ConfigurationError(f"'{name}' must be FIRST-LAST (20000-29999), not {text!r}") from None
+    if not 1000 <= first_uid <= last_uid < 2**31 - 1:
+        raise ConfigurationError(f"'{name}' must run from 1000 up, first <= last, not {text!r}")
+    return first_uid, last_uid
+
+
+def _absolute_paths(name: str, text: str) -> tuple[str, ...]:
+    paths = tuple(path.strip() for path in text.split(",") if path.strip())
+    relative = [path for path in paths if not os.path.isabs(path)]
+    if relative:
+        raise ConfigurationError(f"'{name}' takes absolute paths, not {relative[0]!r}")
+    return paths
+
+
+_BY_TYPE = {"int": _number(int), "float": _number(float), "bool": _switch, "str": lambda name, text: text}
+
+
+# --- the options -------------------------------------------------------------------------------------------------
+
+DATABASE, NODE, LEASES, JOBS, CRAWLS, WATCHDOG, WARM, WEBHOOKS, BOUNDARY, SCRAPYD = (
+    "Database", "Node", "Polling and leases", "Jobs", "Crawls", "Watchdog", "Warm starts", "Webhooks",
+    "Crawl boundary", "Scrapyd's own")
 
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str = field(repr=False)  # holds the password: never in a log line
-    node_name: str
-    # The node's tags (node_tags, or SCRAPYD_NODE_TAGS): it claims only jobs whose required tags it all has.
-    node_tags: tuple[str, ...] = ()
-    finished_to_keep: int = 100
-    # Dead jobs (out of retries) kept beside them, newest first; None: every one, until requeued or pruned by hand.
-    dead_to_keep: int | None = None
-    # Jobs a crawl tree may ever have (its root included): a child past it is refused; 0: no cap.
-    tree_max_jobs: int = DEFAULT_TREE_MAX_JOBS
-    # Seconds without a heartbeat after which a node's ongoing jobs are recovered by any live node.
-    lease_seconds: float = 30.0
-    heartbeat_interval: float = 5.0
-    # Claims of one job (the first run included) before recovery gives it up as lost.
-    max_attempts: int = 3
-    # Whether the poller listens for NOTIFY to start jobs at once; polling stays as the floor.
-    listen_notify: bool = True
-    # Seconds a stopping node (SIGTERM) lets its crawls run on before it hands them back to the queue.
-    stop_timeout: float = 5.0
-    # Pending jobs listjobs.json returns when not given pending_limit: a huge backlog stays fast to list.
-    listjobs_pending_limit: int = 1000
-    # Bytes of a finished job's log (its tail) stored in the database for every node to serve; 0: none.
-    log_max_bytes: int = 1024 * 1024
-    # Connections of the node's pool (no overflow): with the one listener (which carries the lease), the node's
-    # budget; with listen_notify off the lease takes one of them.
-    database_pool_size: int = 2
-    # Seconds any operation (a web request included) waits for the database before it is an error.
-    database_timeout: float = 30.0
-    # Where the one LISTEN connection goes, when database_url is a transaction pooler (holds a password too).
-    listen_url: str = field(default="", repr=False)
-    # What a node does with its crawls once it could not renew its lease for too long: keep them, or stop them
-    # before another node may take their jobs over.
-    on_lease_lost: str = "keep"
-    # Scrapyd's poll_interval: the tick of the poller, the floor under NOTIFY and delayed jobs' timers.
-    poll_interval: float = 5.0
-    # Retries of a failed crawl when schedule.json gives no _retries.
-    default_retries: int = 0
-    # Seconds a pending job may wait to be claimed before the counts call it past due.
-    past_due_seconds: float = 60.0
-    # Seconds between two VACUUMs of spider_job by the nodes that finish crawls (store/maintenance.py); 0: off.
-    vacuum_interval: float = 5.0
-    # Bytes of a request's body, checked before it is read (web/request_limits.py); addversion.json's: max_egg_bytes.
-    max_request_bytes: int = 8 * 1024 * 1024
-    max_egg_bytes: int = 100 * 1024 * 1024
-    # Crawls forked from a warm process per project version (node/warm.py) instead of a new Python each.
-    warm_start: bool = True
-    # Warm processes a node keeps (least recently used retired first), and seconds an unused one lives on.
-    warm_processes: int = 4
-    warm_idle_timeout: float = 300.0
-    # Seconds between two reports of a running crawl's stats to its node, and between two writes of them.
-    stats_interval: float = 30.0
-    # The watchdog (node/watchdog.py), seconds. A job without _max_runtime / _stall_timeout gets these; None: off.
-    max_runtime: float | None = None
-    stall_timeout: float | None = None
-    # A crawl asked to stop (cancel.json's first signal, the watchdog) and still alive this long after is SIGKILLed.
-    cancel_timeout: float = 300.0
-    # A crawl whose spider has not opened this long after its start is killed and its job handed back; None: off.
-    start_timeout: float | None = 120.0
-    # Webhooks (node/webhooks.py): hours an event is retried before it is given up; seconds one attempt may take; the
-    # first retry's delay in seconds (doubled each attempt, with jitter), and the longest delay.
-    webhook_retry_hours: float = 24.0
-    webhook_timeout: float = 10.0
-    webhook_backoff: float = 10.0
-    webhook_backoff_max: float = 3600.0
-    # The crawl boundary (node/spawner.py). A node started as root runs each project's crawls under a uid of its own
-    # from crawl_uid_range, and itself as node_user (a name or uid; empty: the working directory's owner, else the uid
-    # below the range); off: crawls run as the node's user (one trust domain).
-    crawl_users: bool = True
-    crawl_uid_range: tuple[int, int] = (20000, 29999)
-    node_user: str = ""
-    # Where each crawl gets a directory of its own (its working directory and HOME), under one per project.
-    crawls_dir: str = "crawls"
-    # Crawls restrict their own file access with Landlock where the kernel has it: they write only to their own
-    # directory, log and items, and to crawl_paths (absolute paths, comma-separated), and read only the system's,
-    # Python's and those.
-    crawl_landlock: bool = True
-    crawl_paths: tuple[str, ...] = ()
+    database_url: str = option(
+        "", "The queue's database, postgresql://user:password@host:5432/db; its role should be a node role "
+        "(scrapyd-pgqueue grant). Keep it in the environment: it holds a password.", DATABASE,
+        variable=DATABASE_URL_VARIABLE, parse=_required_url, repr=False)
+    listen_url: str = option(
+        "", "Where the one LISTEN connection goes when database_url is a transaction pooler (PgBouncer): Postgres "
+        "itself. Without it, behind a pooler, the node polls only.", DATABASE, variable="SCRAPYD_LISTEN_URL",
+        parse=_url, repr=False)
+    database_pool_size: int = option(
+        "2", "Connections of the node's pool, no overflow; with the listener (which carries the lease) the node's "
+        "budget is database_pool_size + 1.", DATABASE)
+    database_timeout: float = option(
+        "30", "Seconds any operation (a web request included) waits for the database before it answers an error.",
+        DATABASE)
+    vacuum_interval: float = option(
+        "5", "Seconds between two VACUUMs of spider_job by the nodes that finish crawls (cluster-wide), when it has "
+        "dead rows; needs the table's owner; 0 leaves it to autovacuum.", DATABASE)
+    node_name: str = option(
+        "", "The node's name in listjobs.json, the pages and the metrics; unset: the host name.", NODE,
+        variable=NODE_NAME_VARIABLE, parse=lambda name, text: text or socket.gethostname())
+    node_tags: tuple[str, ...] = option(
+        "", "The node's tags, comma-separated: it claims only jobs whose required tags (_tags, a spider's route) it "
+        "all has.", NODE, variable="SCRAPYD_NODE_TAGS", parse=_tags)
+    poll_interval: float = option(
+        "5", "Seconds between two polls of the queue: the floor under NOTIFY and delayed jobs' timers.", LEASES,
+        parse=_number(float))
+    listen_notify: bool = option(
+        "on", "Whether the node listens for NOTIFY to start jobs at once; polling stays as the floor.", LEASES)
+    heartbeat_interval: float = option("5", "Seconds between two renewals of the node's lease.", LEASES)
+    lease_seconds: float = option(
+        "30", "Seconds without a heartbeat after which any live node recovers a node's running jobs.", LEASES)
+    max_attempts: int = option(
+        "3", "Claims of one job (its first run included) before recovery gives it up as lost.", LEASES)
+    on_lease_lost: str = option(
+        "keep", "What a node does with its crawls once it could not renew its lease for too long: keep them (a cut "
+        "longer than the lease may run a job twice), or stop them before another node may take them over.", LEASES,
+        parse=_lease_lost)
+    stop_timeout: float = option(
+        "5", "Seconds a stopping node (SIGTERM) lets its crawls run on before it hands their jobs back.", LEASES)
+    finished_to_keep: int = option(
+        "100", "Finished jobs kept for listjobs.json, for the whole cluster.", JOBS, parse=_number(int))
+    dead_to_keep: int | None = option(
+        "", "Dead jobs (out of retries) kept beside them, newest first; unset: every one, until requeued or pruned.",
+        JOBS)
+    tree_max_jobs: int = option(
+        "100000", "Jobs a crawl tree may ever have, its root included: a child past it is refused; 0: no cap.", JOBS)
+    default_retries: int = option("0", "Retries of a failed crawl when schedule.json gives no _retries.", JOBS)
+    past_due_seconds: float = option(
+        "60", "Seconds a pending job may wait to be claimed before the counts call it past due.", JOBS)
+    listjobs_pending_limit: int = option(
+        "1000", "Pending jobs listjobs.json returns when not given pending_limit: a huge backlog stays fast to list.",
+        JOBS)
+    log_max_bytes: int = option(
+        "1048576", "Bytes of a finished job's log (its tail) stored in the database for every node to serve; 0: "
+        "none.", JOBS)
+    max_request_bytes: int = option(
+        "8388608", "Bytes of a request's body, refused before it is read (Scrapyd's JSON error).", JOBS)
+    max_egg_bytes: int = option("104857600", "Bytes of addversion.json's body, the egg.", JOBS)
+    stats_interval: float = option(
+        "30", "Seconds between two reports of a running crawl's stats to its node, and between two writes of them.",
+        CRAWLS)
+    max_runtime: float | None = option(
+        "", "Seconds a crawl may run before the watchdog stops it (outcome timeout); a job's _max_runtime wins; "
+        "unset or 0: off.", WATCHDOG, parse=_seconds_or_off)
+    stall_timeout: float | None = option(
+        "", "Seconds without a new request, response or item after which the watchdog stops a crawl (outcome "
+        "stalled); a job's _stall_timeout wins; unset or 0: off.", WATCHDOG, parse=_seconds_or_off)
+    cancel_timeout: float = option(
+        "300", "Seconds a crawl asked to stop (cancel.json, the watchdog) may live on before it is SIGKILLed.",
+        WATCHDOG)
+    start_timeout: float | None = option(
+        "120", "Seconds a crawl's spider may take to open before the crawl is killed and its job handed back; 0: "
+        "off.", WATCHDOG, parse=_seconds_or_off)
+    warm_start: bool = option(
+        "on", "Crawls forked from a warm process per project version instead of a new Python each.", WARM)
+    warm_processes: int = option(
+        "4", "Warm processes a node keeps, the least recently used retired first.", WARM)
+    warm_idle_timeout: float = option("300", "Seconds an unused warm process lives on.", WARM)
+    webhook_retry_hours: float = option(
+        "24", "Hours a webhook event is retried before it is given up.", WEBHOOKS)
+    webhook_timeout: float = option(
+        "10", "Seconds one delivery may take; no answer in time, or not a 2xx, is a failed attempt.", WEBHOOKS)
+    webhook_backoff: float = option(
+        "10", "Seconds before the first retry of an event, doubled each attempt (with jitter).", WEBHOOKS)
+    webhook_backoff_max: float = option("3600", "The longest delay between two attempts, seconds.", WEBHOOKS)
+    crawl_users: bool = option(
+        "on", "A node started as root runs each project's crawls under a uid of its own, and itself as node_user; "
+        "off: crawls run as the node's user (one trust domain).", BOUNDARY)
+    crawl_uid_range: tuple[int, int] = option(
+        "20000-29999", "The uids projects get (assigned once in the database: the same on every node), FIRST-LAST.",
+        BOUNDARY, parse=uid_range)
+    node_user: str = option(
+        "", "The user a root-started node drops to (a name or uid); unset: the working directory's owner, else the "
+        "uid just below crawl_uid_range.", BOUNDARY)
+    crawls_dir: str = option(
+        "crawls", "Where each crawl gets a fresh directory of its own (its working directory and HOME), under one "
+        "per project.", BOUNDARY)
+    crawl_landlock: bool = option(
+        "on", "Crawls restrict their own file access with Landlock where the kernel has it: they write only to "
+        "their own directory, log, items and crawl_paths.", BOUNDARY)
+    crawl_paths: tuple[str, ...] = option(
+        "", "Absolute paths, comma-separated, that crawls may also write to (directories your spiders write to).",
+        BOUNDARY, parse=_absolute_paths)
 
     @property
     def stop_deadline(self) -> float:
@@ -148,191 +277,79 @@ class Settings:
         return 2 * self.heartbeat_interval
 
 
+# Options a node reads elsewhere than ``settings()``: Scrapyd's own (default: Scrapyd's), and the web gate's.
+NODE_OPTIONS = (
+    Option("application", "", "The one line that makes a Scrapyd node a cluster node: "
+           "scrapyd_pgqueue.application.", SCRAPYD, scrapyd=True),
+    Option("bind_address", "", "The address the node listens on; beyond loopback it refuses to start without a "
+           "username and password.", SCRAPYD, variable="SCRAPYD_BIND_ADDRESS", scrapyd=True),
+    Option("http_port", "", "The node's HTTP port.", SCRAPYD, variable="SCRAPYD_HTTP_PORT", scrapyd=True),
+    Option("username", "", "Basic authentication's user for the API and the pages.", SCRAPYD,
+           variable="SCRAPYD_USERNAME", scrapyd=True),
+    Option("password", "", "Basic authentication's password; keep it in the environment.", SCRAPYD,
+           variable="SCRAPYD_PASSWORD", scrapyd=True),
+    Option("readonly_username", "", "A second user, with username and password, that may read the pages, the logs "
+           "and the services that only read, and write nothing.", NODE, variable="SCRAPYD_READONLY_USERNAME"),
+    Option("readonly_password", "", "The read-only user's password; keep it in the environment.", NODE,
+           variable="SCRAPYD_READONLY_PASSWORD"),
+    Option("node_url", "", "The URL this node is reached at, shown in the pages and webhooks' bodies; unset: "
+           "http://<host name>:<http_port>/.", NODE, variable="SCRAPYD_NODE_URL"),
+    Option("max_proc", "", "Crawls at once on this node; the cluster's capacity is the sum over nodes.", SCRAPYD,
+           scrapyd=True),
+    Option("logs_dir", "", "Where crawls write their logs, one directory per project.", SCRAPYD, scrapyd=True),
+    Option("items_dir", "", "Where crawls write their items (a feed per job); unset: no feed.", SCRAPYD,
+           scrapyd=True),
+    Option("eggs_dir", "", "Where the node caches the eggs it fetched from the database.", SCRAPYD, scrapyd=True),
+    Option("dbs_dir", "", "Scrapyd's directory for its per-node queues (unused by the shared queue).", SCRAPYD,
+           scrapyd=True),
+)
+
+
+def _declared(spec: dataclasses.Field) -> Option:
+    return dataclasses.replace(spec.metadata["option"], name=spec.name)
+
+
+# Every option, Scrapyd's own first.
+OPTIONS: tuple[Option, ...] = (*NODE_OPTIONS, *(_declared(spec) for spec in dataclasses.fields(Settings)))
+
+
 def _get(config, option, default=None):
     if config is None:
         return default
     return config.get(option, default)
 
 
+def _value(config, spec: dataclasses.Field, kind: str):
+    declared = spec.metadata["option"]
+    given = (os.environ.get(declared.variable) if declared.variable else None) or _get(config, spec.name, "")
+    text = str(given if given is not None else "").strip() or declared.default
+    if declared.parse is not None:
+        return declared.parse(spec.name, text)
+    optional = kind.endswith(" | None")
+    if optional and text == "":
+        return None
+    return _BY_TYPE[kind.removesuffix(" | None")](spec.name, text)
+
+
 def database_url(config=None) -> str:
-    url = os.environ.get(DATABASE_URL_VARIABLE) or _get(config, DATABASE_URL_OPTION, "")
-    if not url:
-        raise ConfigurationError(
-            f"no database URL: set '{DATABASE_URL_OPTION}' in the [scrapyd] section of scrapyd.conf "
-            f"or the {DATABASE_URL_VARIABLE} environment variable (postgresql://user:password@host:5432/db)"
-        )
-    return unambiguous(url, f"{DATABASE_URL_VARIABLE} or '{DATABASE_URL_OPTION}'")
-
-
-def unambiguous(url: str, source: str) -> str:
-    """``url``, or a ConfigurationError (which quotes none of it) when libpq may read it otherwise than meant."""
-
-    ambiguity = url_ambiguity(url)
-    if ambiguity:
-        raise ConfigurationError(f"the database URL of {source} is ambiguous: {ambiguity} (in scrapyd.conf, "
-                                 "write each '%' as '%%')")
-    return url
-
-
-# --- tags: a node's (node_tags) and a job's (_tags), by one rule ------------------------------------------------
-
-
-# A tag: letters, digits and '_', '.', ':', '-', starting with a letter or digit; a comma separates tags.
-TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}")
-MAX_TAGS = 16
-
-
-class InvalidTagsError(ValueError):
-    """Tags that cannot be a node's or a job's (reason in the message)."""
-
-
-def parse_tags(value: Any) -> tuple[str, ...]:
-    """Tags as given (a comma-separated string, or a list of strings), checked, sorted and deduplicated; an empty
-    string or list: no tags."""
-    if isinstance(value, str):
-        given = value.split(",") if value.strip() else []
-    elif isinstance(value, (list, tuple)) and all(isinstance(tag, str) for tag in value):
-        given = list(value)
-    else:
-        raise InvalidTagsError("tags must be a comma-separated string or a list of strings")
-    tags = sorted({tag.strip() for tag in given})
-    for tag in tags:
-        if not TAG_PATTERN.fullmatch(tag):
-            raise InvalidTagsError(
-                f"tag {tag[:100]!r} is not valid: 1 to 63 letters, digits, '_', '.', ':' or '-', starting with a "
-                "letter or digit")
-    if len(tags) > MAX_TAGS:
-        raise InvalidTagsError(f"at most {MAX_TAGS} tags, not {len(tags)}")
-    return tuple(tags)
-
-
-def pool_key(tags: Iterable[str]) -> str:
-    """The pool of a job requiring ``tags`` (checked already): sorted, joined by commas; '' for none."""
-    return ",".join(sorted(set(tags)))
-
-
-def pool_tags(pool: str | None) -> list[str]:
-    """The tags a pool requires, as a list (empty for '' and None)."""
-    return pool.split(",") if pool else []
-
-
-def node_tags(config=None) -> tuple[str, ...]:
-    """The node's tags, checked and sorted (ConfigurationError when one is not a valid tag)."""
-    given = os.environ.get(NODE_TAGS_VARIABLE) or _get(config, "node_tags", "") or ""
-    try:
-        return parse_tags(given)
-    except InvalidTagsError as e:
-        raise ConfigurationError(f"{NODE_TAGS_VARIABLE} or 'node_tags': {e}") from None
-
-
-def node_name(config=None) -> str:
-    # Scrapyd's own Root uses config "node_name" with the host name as default: agree with it.
-    return os.environ.get(NODE_NAME_VARIABLE) or _get(config, "node_name", "") or socket.gethostname()
-
-
-def _switch(config, option: str, default: bool) -> bool:
-    value = str(_get(config, option, "") or ("on" if default else "off")).strip().lower()
-    if value not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
-        raise ConfigurationError(f"'{option}' must be on or off, not {value!r}")
-    return value in ("on", "true", "yes", "1")
-
-
-def uid_range(value: str) -> tuple[int, int]:
-    """``crawl_uid_range``: FIRST-LAST, uids above root's and the system's (1000 up), at least one."""
-    first, _, last = value.partition("-")
-    try:
-        first_uid, last_uid = int(first), int(last)
-    except ValueError:
-        raise ConfigurationError(f"'crawl_uid_range' must be FIRST-LAST (20000-29999), not {value!r}") from None
-    if not 1000 <= first_uid <= last_uid < 2**31 - 1:
-        raise ConfigurationError(f"'crawl_uid_range' must run from 1000 up, first <= last, not {value!r}")
-    return first_uid, last_uid
-
-
-def crawl_paths(value: str) -> tuple[str, ...]:
-    """``crawl_paths``: absolute paths, comma-separated."""
-    paths = tuple(path.strip() for path in value.split(",") if path.strip())
-    relative = [path for path in paths if not os.path.isabs(path)]
-    if relative:
-        raise ConfigurationError(f"'crawl_paths' takes absolute paths, not {relative[0]!r}")
-    return paths
+    """The database URL alone (a crawl's egg storage needs no other setting)."""
+    spec = next(spec for spec in dataclasses.fields(Settings) if spec.name == "database_url")
+    return _value(config, spec, "str")
 
 
 def settings(config=None) -> Settings:
-    def number(option, default, kind=float):
-        value = _get(config, option, "")
-        try:
-            return kind(value) if value != "" else default
-        except ValueError as e:
-            raise ConfigurationError(f"'{option}' must be a number, not {value!r}") from e
-
-    on_lease_lost = str(_get(config, "on_lease_lost", "keep")).strip().lower()
-    if on_lease_lost not in LEASE_LOST_ACTIONS:
-        raise ConfigurationError(f"'on_lease_lost' must be one of {', '.join(LEASE_LOST_ACTIONS)}, not {on_lease_lost!r}")
-    result = Settings(
-        database_url=database_url(config),
-        node_name=node_name(config),
-        node_tags=node_tags(config),
-        finished_to_keep=number("finished_to_keep", 100, int),
-        dead_to_keep=number("dead_to_keep", None, int),
-        tree_max_jobs=number("tree_max_jobs", DEFAULT_TREE_MAX_JOBS, int),
-        lease_seconds=number("lease_seconds", 30.0),
-        heartbeat_interval=number("heartbeat_interval", 5.0),
-        max_attempts=number("max_attempts", 3, int),
-        listen_notify=str(_get(config, "listen_notify", "on")).lower() not in ("off", "false", "no", "0"),
-        stop_timeout=number("stop_timeout", 5.0),
-        listjobs_pending_limit=number("listjobs_pending_limit", 1000, int),
-        log_max_bytes=number("log_max_bytes", 1024 * 1024, int),
-        database_pool_size=number("database_pool_size", 2, int),
-        database_timeout=number("database_timeout", 30.0),
-        listen_url=unambiguous(os.environ.get(LISTEN_URL_VARIABLE) or _get(config, LISTEN_URL_OPTION, ""),
-                               f"{LISTEN_URL_VARIABLE} or '{LISTEN_URL_OPTION}'"),
-        on_lease_lost=on_lease_lost,
-        poll_interval=number("poll_interval", 5.0),
-        default_retries=number("default_retries", 0, int),
-        past_due_seconds=number("past_due_seconds", 60.0),
-        vacuum_interval=number("vacuum_interval", 5.0),
-        max_request_bytes=number("max_request_bytes", 8 * 1024 * 1024, int),
-        max_egg_bytes=number("max_egg_bytes", 100 * 1024 * 1024, int),
-        warm_start=str(_get(config, "warm_start", "on")).lower() in ("on", "true", "yes", "1"),
-        warm_processes=number("warm_processes", 4, int),
-        warm_idle_timeout=number("warm_idle_timeout", 300.0),
-        stats_interval=number("stats_interval", 30.0),
-        max_runtime=number("max_runtime", 0.0) or None,
-        stall_timeout=number("stall_timeout", 0.0) or None,
-        cancel_timeout=number("cancel_timeout", 300.0),
-        start_timeout=number("start_timeout", 120.0) or None,
-        webhook_retry_hours=number("webhook_retry_hours", 24.0),
-        webhook_timeout=number("webhook_timeout", 10.0),
-        webhook_backoff=number("webhook_backoff", 10.0),
-        webhook_backoff_max=number("webhook_backoff_max", 3600.0),
-        crawl_users=_switch(config, "crawl_users", True),
-        crawl_uid_range=uid_range(str(_get(config, "crawl_uid_range", "") or "20000-29999")),
-        node_user=str(_get(config, "node_user", "") or "").strip(),
-        crawls_dir=str(_get(config, "crawls_dir", "") or "crawls"),
-        crawl_landlock=_switch(config, "crawl_landlock", True),
-        crawl_paths=crawl_paths(str(_get(config, "crawl_paths", "") or "")),
-    )
-    for option in ("dead_to_keep", "tree_max_jobs"):
-        if (getattr(result, option) or 0) < 0:
-            raise ConfigurationError(f"'{option}' may not be negative")
-    if result.database_pool_size < 1:
-        raise ConfigurationError("'database_pool_size' must be at least 1")
-    for option in ("max_request_bytes", "max_egg_bytes"):
-        if getattr(result, option) < 1:
-            raise ConfigurationError(f"'{option}' must be at least 1 (bytes of a request's body)")
-    if result.stats_interval <= 0:
-        raise ConfigurationError("'stats_interval' must be more than 0 (seconds)")
-    for option in ("max_runtime", "stall_timeout", "start_timeout"):
-        if (getattr(result, option) or 0) < 0:
-            raise ConfigurationError(f"'{option}' may not be negative (seconds; 0 turns it off)")
-    if result.cancel_timeout <= 0:
-        raise ConfigurationError("'cancel_timeout' must be more than 0 seconds")
-    for option in ("webhook_timeout", "webhook_backoff", "webhook_backoff_max"):
-        if getattr(result, option) <= 0:
-            raise ConfigurationError(f"'{option}' must be more than 0 seconds")
-    if result.warm_processes < 1:
-        raise ConfigurationError("'warm_processes' must be at least 1 (warm_start = off spawns every crawl cold)")
+    """The node's settings from ``config`` (Scrapyd's Config, or any mapping with ``get``) and the environment;
+    ConfigurationError says what cannot work."""
+    result = Settings(**{spec.name: _value(config, spec, spec.type) for spec in dataclasses.fields(Settings)})
+    for name in ("dead_to_keep", "tree_max_jobs", "max_runtime", "stall_timeout", "start_timeout"):
+        if (getattr(result, name) or 0) < 0:
+            raise ConfigurationError(f"'{name}' may not be negative")
+    for name in ("database_pool_size", "warm_processes", "max_request_bytes", "max_egg_bytes"):
+        if getattr(result, name) < 1:
+            raise ConfigurationError(f"'{name}' must be at least 1")
+    for name in ("stats_interval", "cancel_timeout", "webhook_timeout", "webhook_backoff", "webhook_backoff_max"):
+        if getattr(result, name) <= 0:
+            raise ConfigurationError(f"'{name}' must be more than 0 seconds")
     if result.on_lease_lost == "stop" and result.stop_deadline <= result.heartbeat_interval:
         raise ConfigurationError(
             f"on_lease_lost = stop needs lease_seconds ({result.lease_seconds:g}) > two heartbeat intervals "
@@ -340,58 +357,3 @@ def settings(config=None) -> Settings:
             "raise lease_seconds"
         )
     return result
-
-
-# --- the one line's defaults: what ``application = scrapyd_pgqueue.application`` installs -------------------------
-# Read by the node (``application.py``) and by every crawl's runner, cold (``runner.py``) or warm.
-COMPONENTS = {
-    "spiderqueue": "scrapyd_pgqueue.PostgresSpiderQueue",
-    "jobstorage": "scrapyd_pgqueue.PostgresJobStorage",
-    "poller": "scrapyd_pgqueue.PostgresPoller",
-    "launcher": "scrapyd_pgqueue.PostgresLauncher",
-    "eggstorage": "scrapyd_pgqueue.PostgresEggStorage",
-    "webroot": "scrapyd_pgqueue.web.root.Root",
-    "runner": "scrapyd_pgqueue.runner",
-}
-SERVICES = {
-    "schedule.json": "scrapyd_pgqueue.services.jobs.Schedule",
-    "schedule_batch.json": "scrapyd_pgqueue.services.batches.ScheduleBatch",
-    "status.json": "scrapyd_pgqueue.services.jobs.Status",
-    "listjobs.json": "scrapyd_pgqueue.services.jobs.ListJobs",
-    "daemonstatus.json": "scrapyd_pgqueue.services.jobs.DaemonStatus",
-    "cancel.json": "scrapyd_pgqueue.services.jobs.Cancel",
-    "logs": "scrapyd_pgqueue.services.jobs.Logs",
-    "addperiodic.json": "scrapyd_pgqueue.services.schedules.AddPeriodic",
-    "listperiodic.json": "scrapyd_pgqueue.services.schedules.ListPeriodic",
-    "delperiodic.json": "scrapyd_pgqueue.services.schedules.DelPeriodic",
-    "pauseperiodic.json": "scrapyd_pgqueue.services.schedules.PausePeriodic",
-    "resumeperiodic.json": "scrapyd_pgqueue.services.schedules.ResumePeriodic",
-    "tree.json": "scrapyd_pgqueue.services.trees.Tree",
-    "stats.json": "scrapyd_pgqueue.services.stats.JobStats",
-    "alive.json": "scrapyd_pgqueue.services.jobs.Alive",
-    # Scrapyd's own, answering off the reactor: they read the eggs in the database.
-    "addversion.json": "scrapyd_pgqueue.services.eggs.AddVersion",
-    "listversions.json": "scrapyd_pgqueue.services.eggs.ListVersions",
-    "listspiders.json": "scrapyd_pgqueue.services.eggs.ListSpiders",
-    "delproject.json": "scrapyd_pgqueue.services.eggs.DeleteProject",
-    "delversion.json": "scrapyd_pgqueue.services.eggs.DeleteVersion",
-}
-
-def scrapyd_defaults() -> configparser.ConfigParser:
-    """Scrapyd's own default configuration (the first file it reads)."""
-    defaults = configparser.ConfigParser()
-    defaults.read_string(pkgutil.get_data("scrapyd", "default_scrapyd.conf").decode())
-    return defaults
-
-
-def apply_defaults(config) -> None:
-    """Give every option still at Scrapyd's default (or unset) the cluster's value, in a ``scrapyd.config.Config``."""
-    defaults = scrapyd_defaults()
-    parser = config.cp
-    for section, values in (("scrapyd", COMPONENTS), ("services", SERVICES)):
-        if not parser.has_section(section):
-            parser.add_section(section)
-        for option, value in values.items():
-            current = parser.get(section, option, fallback=None)
-            if current is None or current == defaults.get(section, option, fallback=None):
-                parser.set(section, option, value)

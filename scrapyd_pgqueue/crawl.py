@@ -1,7 +1,7 @@
 """Schedule follow-up jobs from inside a running crawl: the public API of crawl trees.
 
 A crawl started by a node of the cluster schedules more jobs into the shared queue, each a child of the crawl
-itself (it joins the crawl's tree: see the README's "Crawl trees")::
+itself (it joins the crawl's tree: see docs/how-to/crawl-trees.md)::
 
     from scrapyd_pgqueue.crawl import FollowUp, schedule
 

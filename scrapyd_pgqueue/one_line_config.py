@@ -15,12 +15,67 @@ imports Twisted's reactor: crawl processes import this module.
 
 from __future__ import annotations
 
+import configparser
 import ipaddress
 import os
+import pkgutil
 
 from scrapyd.config import Config
 
-from scrapyd_pgqueue.config import COMPONENTS, apply_defaults, scrapyd_defaults
+# --- the one line's defaults: what ``application = scrapyd_pgqueue.application`` installs -------------------------
+# Read by the node (``application.py``) and by every crawl's runner, cold (``runner.py``) or warm.
+COMPONENTS = {
+    "spiderqueue": "scrapyd_pgqueue.PostgresSpiderQueue",
+    "jobstorage": "scrapyd_pgqueue.PostgresJobStorage",
+    "poller": "scrapyd_pgqueue.PostgresPoller",
+    "launcher": "scrapyd_pgqueue.PostgresLauncher",
+    "eggstorage": "scrapyd_pgqueue.PostgresEggStorage",
+    "webroot": "scrapyd_pgqueue.web.root.Root",
+    "runner": "scrapyd_pgqueue.runner",
+}
+SERVICES = {
+    "schedule.json": "scrapyd_pgqueue.services.jobs.Schedule",
+    "schedule_batch.json": "scrapyd_pgqueue.services.batches.ScheduleBatch",
+    "status.json": "scrapyd_pgqueue.services.jobs.Status",
+    "listjobs.json": "scrapyd_pgqueue.services.jobs.ListJobs",
+    "daemonstatus.json": "scrapyd_pgqueue.services.jobs.DaemonStatus",
+    "cancel.json": "scrapyd_pgqueue.services.jobs.Cancel",
+    "logs": "scrapyd_pgqueue.services.jobs.Logs",
+    "addperiodic.json": "scrapyd_pgqueue.services.schedules.AddPeriodic",
+    "listperiodic.json": "scrapyd_pgqueue.services.schedules.ListPeriodic",
+    "delperiodic.json": "scrapyd_pgqueue.services.schedules.DelPeriodic",
+    "pauseperiodic.json": "scrapyd_pgqueue.services.schedules.PausePeriodic",
+    "resumeperiodic.json": "scrapyd_pgqueue.services.schedules.ResumePeriodic",
+    "tree.json": "scrapyd_pgqueue.services.trees.Tree",
+    "stats.json": "scrapyd_pgqueue.services.stats.JobStats",
+    "alive.json": "scrapyd_pgqueue.services.jobs.Alive",
+    # Scrapyd's own, answering off the reactor: they read the eggs in the database.
+    "addversion.json": "scrapyd_pgqueue.services.eggs.AddVersion",
+    "listversions.json": "scrapyd_pgqueue.services.eggs.ListVersions",
+    "listspiders.json": "scrapyd_pgqueue.services.eggs.ListSpiders",
+    "delproject.json": "scrapyd_pgqueue.services.eggs.DeleteProject",
+    "delversion.json": "scrapyd_pgqueue.services.eggs.DeleteVersion",
+}
+
+
+def scrapyd_defaults() -> configparser.ConfigParser:
+    """Scrapyd's own default configuration (the first file it reads)."""
+    defaults = configparser.ConfigParser()
+    defaults.read_string(pkgutil.get_data("scrapyd", "default_scrapyd.conf").decode())
+    return defaults
+
+
+def apply_defaults(config) -> None:
+    """Give every option still at Scrapyd's default (or unset) the cluster's value, in a ``scrapyd.config.Config``."""
+    defaults = scrapyd_defaults()
+    parser = config.cp
+    for section, values in (("scrapyd", COMPONENTS), ("services", SERVICES)):
+        if not parser.has_section(section):
+            parser.add_section(section)
+        for option, value in values.items():
+            current = parser.get(section, option, fallback=None)
+            if current is None or current == defaults.get(section, option, fallback=None):
+                parser.set(section, option, value)
 
 
 class OneLineConfig(Config):

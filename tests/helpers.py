@@ -346,13 +346,13 @@ class SiteServer:
 CRAWL_API_SERVER = """
 import json, sys, threading
 from twisted.internet import reactor
-from scrapyd_pgqueue.config import Settings
+from scrapyd_pgqueue.config import settings as read_settings
 from scrapyd_pgqueue.node.crawl_api import CrawlApi
 from scrapyd_pgqueue.store import ClaimedJob, JobStore
 
 url, project, job, row_id, directory, tree_max_jobs, database_timeout = sys.argv[1:]
-settings = Settings(database_url=url, node_name="n", default_retries=2, tree_max_jobs=int(tree_max_jobs),
-                    database_timeout=float(database_timeout), max_request_bytes=1024 * 1024)
+settings = read_settings({"database_url": url, "node_name": "n", "default_retries": "2", "tree_max_jobs": tree_max_jobs,
+                          "database_timeout": database_timeout, "max_request_bytes": str(1024 * 1024)})
 api = CrawlApi(settings, JobStore.for_settings(settings), "n")
 api.listen(directory)
 claimed = ClaimedJob(int(row_id), project, job, 1, {})

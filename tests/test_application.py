@@ -5,13 +5,9 @@ is wrong and which line fixes it; a node open beyond loopback without a password
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from scrapyd.config import Config
@@ -19,25 +15,10 @@ from scrapyd.utils import initialize_component
 
 from helpers import jobs, query, runs_of, wait_for
 from scrapyd_pgqueue import one_line_config
-from scrapyd_pgqueue.config import COMPONENTS, SERVICES, apply_defaults
 from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.local.cluster import EXAMPLE_PROJECT, LocalCluster
+from scrapyd_pgqueue.one_line_config import COMPONENTS, SERVICES, apply_defaults
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-# Imports each dotted path given (a module, or a module's attribute) in a fresh interpreter, as Scrapyd loads a
-# configured component; prints the ones that fail.
-IMPORT_EACH = """
-import importlib, sys
-for path in sys.argv[1:]:
-    try:
-        importlib.import_module(path)
-    except ModuleNotFoundError as error:
-        if error.name != path:
-            raise
-        module, _, name = path.rpartition(".")
-        if not hasattr(importlib.import_module(module), name):
-            print(path)
-"""
 ONE_LINE_NODE = "[scrapyd]\napplication = scrapyd_pgqueue.application\n"
 # Loaded by every interpreter of a node (sitecustomize on its PYTHONPATH): on SIGUSR1, the node's process writes the
 # modules it has imported to MODULES_FILE.
@@ -53,7 +34,7 @@ signal.signal(signal.SIGUSR1, _write_modules)
 """
 # The seed article's form: the shared queue, with Scrapyd's own poller, launcher, job storage and services.
 HALF_NODE = "[scrapyd]\nspiderqueue = scrapyd_pgqueue.PostgresSpiderQueue\n[settings]\nexample = example.settings\n"
-# README's explicit form: every component and service named, no webroot (Scrapyd's own root) and Scrapyd's runner.
+# The explicit form (docs: moving from stock Scrapyd): every component and service named, no webroot (Scrapyd's own root) and Scrapyd's runner.
 EXPLICIT_NODE = "".join([
     "[scrapyd]\n", *(f"{option} = {path}\n" for option, path in COMPONENTS.items()
                     if option not in ("webroot", "runner")),
@@ -68,25 +49,6 @@ def config_from(text: str, tmp_path, monkeypatch) -> Config:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
     return Config()
-
-
-def test_every_path_the_readme_shows_imports():
-    shown = sorted(set(re.findall(r"scrapyd_pgqueue(?:\.\w+)+", README.read_text())))
-    assert {"scrapyd_pgqueue.application", "scrapyd_pgqueue.services.jobs.Schedule", "scrapyd_pgqueue.web.root.Root",
-            "scrapyd_pgqueue.PostgresSpiderQueue"} <= set(shown)
-    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *shown], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "", f"not importable: {result.stdout.split()}"
-
-
-def test_every_file_the_readme_names_is_in_the_tree():
-    root = README.parent
-    places = [root, root / "scrapyd_pgqueue", root / "tests", root / "tests" / "scrapyd_upstream",
-              root / "deploy" / "helm" / "scrapyd-pgqueue"]
-    named = set(re.findall(r"`([\w./-]+\.(?:py|sql|yaml|tpl|mako))`", README.read_text()))
-    assert len(named) > 20
-    assert [name for name in sorted(named) if not any((place / name).exists() for place in places)] == []
 
 
 def test_scrapyd_defaults_become_the_cluster_s_and_explicit_options_win(tmp_path, monkeypatch):

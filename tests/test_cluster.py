@@ -107,7 +107,9 @@ def assert_every_node_takes_jobs(cluster: LocalCluster, record_dir: Path) -> Non
     """
     warm_up(cluster.nodes, ["example"])
     nodes = itertools.cycle(cluster.nodes)
-    jobs = [schedule(next(nodes), "example", "sleeper", seconds="2") for _ in range(SLOTS)]
+    # Long enough that none ends before the last starts, also on a loaded machine (2 s was not: a node that finished
+    # one took the next job before a peer's claim).
+    jobs = [schedule(next(nodes), "example", "sleeper", seconds="8") for _ in range(SLOTS)]
     runs = wait_until_started(record_dir, jobs)
     assert collections.Counter(run[0]["node"] for run in runs.values()) == {
         node.name: MAX_PROC for node in cluster.nodes

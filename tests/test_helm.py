@@ -140,7 +140,7 @@ def test_values_that_would_render_a_broken_or_leaky_cluster_are_refused(helm, se
 # --- the nodes' pods ---------------------------------------------------------------------------------------------
 
 
-SPAWNER_CAPABILITIES = ["CHOWN", "FOWNER", "KILL", "SETGID", "SETUID"]  # the node's spawner's (README, "Security")
+SPAWNER_CAPABILITIES = ["CHOWN", "FOWNER", "KILL", "SETGID", "SETUID"]  # the node's spawner's (docs/how-to/security.md)
 HEALTH = ["python", "-I", "-m", "scrapyd_pgqueue.cli", "health"]  # isolated: root runs it in the working directory
 
 
@@ -378,7 +378,7 @@ def test_the_scaler_s_query_answers_on_a_real_database_for_a_role_with_execute_o
                         "SELECT 'p', 's', 'j' || i, 'pending', now(), now() FROM generate_series(1, 17) AS i")
     assert metadata["userName"] == "keda_scaler"
     scaler_role = f"keda_scaler_{uuid.uuid4().hex[:8]}"  # roles belong to the whole server, shared by the tests
-    with admin_connection.cursor() as cursor:  # the scaler role the README describes
+    with admin_connection.cursor() as cursor:  # the scaler role docs/how-to/kubernetes.md describes
         cursor.execute(f"CREATE ROLE {scaler_role} LOGIN PASSWORD 'scaler-pw'")
         cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO {scaler_role}")
     scaler = make_url(database_url).set(username=scaler_role, password="scaler-pw")

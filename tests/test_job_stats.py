@@ -7,11 +7,14 @@ import datetime
 import json
 import math
 import re
+from pathlib import Path
 
 from scrapyd_pgqueue.crawl_process.job_stats import MAX_LINE_BYTES, SUMMARY_KEYS, json_safe, stats_summary
 from scrapyd_pgqueue.node.crawl_stats import CrawlStats
 from scrapyd_pgqueue.store.all_jobs import FINISHED_JOBS, RUNNING_JOBS
 from scrapyd_pgqueue.web import metrics
+
+SCHEMA = Path(__file__).resolve().parents[1] / "scrapyd_pgqueue" / "store" / "schema.sql"
 
 
 def line(event, stats, **extra) -> bytes:
@@ -29,9 +32,14 @@ def test_the_summary_reads_items_requests_errors_and_the_reason():
 
 
 def test_the_lists_of_jobs_read_every_key_of_the_summary_and_no_other():
-    for statement in (RUNNING_JOBS, FINISHED_JOBS):
-        summary = statement.text[statement.text.index("jsonb_build_object("):statement.text.index("END AS stats")]
-        assert sorted(set(re.findall(r"j\.stats->'([^']+)'", summary))) == sorted(SUMMARY_KEYS)
+    """The database's summary of a job's stats (spider_job_stats_summary, which the lists of jobs read) keeps the
+    keys the summary reads."""
+    schema = SCHEMA.read_text()
+    function = schema[schema.index("FUNCTION spider_job_stats_summary"):]
+    function = function[:function.index("$function$;")]
+    assert sorted(re.findall(r"p_stats->'([^']+)'", function)) == sorted(SUMMARY_KEYS)
+    assert all("spider_job_stats_summary(j.stats) AS stats" in statement.text
+               for statement in (RUNNING_JOBS, FINISHED_JOBS))
 
 
 def test_values_are_made_what_postgres_jsonb_takes():

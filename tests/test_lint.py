@@ -30,10 +30,15 @@ def test_every_statement_of_the_package_is_one_string_as_written():
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "text":
                 if node.args and _built(node.args[0]):
                     built.append(f"{path.relative_to(REPOSITORY)}:{node.lineno}")
+            elif isinstance(node, ast.Assign) and path.parent.name in ("store", "database") and _built(node.value) \
+                    and any(isinstance(part, ast.Constant) and isinstance(part.value, str) for part in ast.walk(node.value)):
+                if all(isinstance(target, ast.Name) and target.id.isupper() for target in node.targets):
+                    built.append(f"{path.relative_to(REPOSITORY)}:{node.lineno}")  # a statement kept as a string
     assert built == []
 
 
 def _built(argument: ast.expr) -> bool:
-    """An f-string, a concatenation or a ``.format()`` call (a name passed on, as the pool's execute does, is not)."""
+    """An f-string, a concatenation or a ``.format()`` or ``.replace()`` call (a name passed on, as the pool's execute
+    does, is not)."""
     return isinstance(argument, (ast.JoinedStr, ast.BinOp)) or (
-        isinstance(argument, ast.Call) and getattr(argument.func, "attr", None) == "format")
+        isinstance(argument, ast.Call) and getattr(argument.func, "attr", None) in ("format", "replace"))

@@ -8,6 +8,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import jobs, query, runs_of, schedule, wait_for
+from scrapyd_pgqueue.web.prometheus import documented_metrics
 
 
 def scrape(node) -> dict:
@@ -17,6 +18,13 @@ def scrape(node) -> dict:
         families = text_string_to_metric_families(response.read().decode())
     return {(sample.name, frozenset(sample.labels.items())): sample.value for family in families
             for sample in family.samples}
+
+
+def exported(node) -> set[tuple[str, str]]:
+    """(name as exposed, type) of every metric family of one scrape."""
+    with urllib.request.urlopen(f"{node.url}metrics", timeout=30) as response:
+        families = text_string_to_metric_families(response.read().decode())
+    return {(family.name + ("_total" if family.type == "counter" else ""), family.type) for family in families}
 
 
 def value(samples, name, **labels):
@@ -62,4 +70,6 @@ def test_metrics_match_the_database_and_the_node_s_crawls(database_url, start_cl
     assert observed
     assert value(samples, "scrapyd_pgqueue_database_errors_total", operation="claim") == 0
     assert not any(label in ("job", "id", "jobid") for _, labels in samples for label, _ in labels)
+    # The reference page (docs/reference/metrics.md) lists exactly what a node exports.
+    assert exported(node) == {(name, kind) for name, kind, _, _ in documented_metrics()}
     node.post("cancel.json", project="example", job="blocker")

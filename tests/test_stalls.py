@@ -26,7 +26,7 @@ from scrapyd_pgqueue.web.offload import WEB_THREADS
 
 # Short leases and timings, so that a stall or cut of two leases takes seconds: with a lease of 6 s, stop sends
 # SIGTERM after 6 - 2 - 1 = 3 s without a renewed lease, SIGKILL 1 s later, 2 s before the lease expires on the
-# database's clock. The same tests measure the README's figures at real scale (lease 30 s, a 45 s outage, the
+# database's clock. The same tests measure the documented figures (docs/explanation/leases.md) at real scale (lease 30 s, a 45 s outage, the
 # default database_timeout), given these variables:
 #   SCRAPYD_PGQUEUE_STALL_LEASE=30 SCRAPYD_PGQUEUE_STALL_OUTAGE=45 SCRAPYD_PGQUEUE_STALL_TIMEOUT=30 \
 #   python -m pytest tests/test_stalls.py -s

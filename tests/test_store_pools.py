@@ -8,9 +8,9 @@ import collections
 import pytest
 
 from helpers import claim_in_processes, query
-from scrapyd_pgqueue.config import InvalidTagsError, parse_tags, pool_key
 from scrapyd_pgqueue.job_rules.options import JobOptions
 from scrapyd_pgqueue.store.pools import PoolStore
+from scrapyd_pgqueue.tags import InvalidTagsError, parse_tags, pool_key
 
 
 def enqueue(store, job, priority=0.0, tags=None, spider="s"):

@@ -28,6 +28,18 @@ def finish(store, claimed, outcome="finished", worker="w"):
                      outcome=outcome, claimed=claimed, worker=worker)
 
 
+def commit_once_waited_for(url, holding, thread, what):
+    """Commit the transaction ``holding`` keeps open once another session waits for one of its locks (``thread``'s
+    statement), then let ``thread`` finish."""
+    try:
+        wait_for(lambda: query(url, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND wait_event_type = 'Lock'"), 30, what)
+    finally:
+        holding.commit()
+        holding.close()
+        thread.join()
+
+
 def children(parent, *keys):
     """Jobs found by ``parent``, one per key (a key found twice is two schedules of it)."""
     return [({"name": "page", "_job": f"{parent}-{key}-{n}"}, 0, JobOptions(parent=parent, unique_key=key,
@@ -137,13 +149,7 @@ def test_a_child_being_scheduled_while_its_tree_is_cancelled_is_cancelled_too(da
     answers = []
     thread = threading.Thread(target=lambda: answers.append(cluster.cancel_tree("p", "r")))
     thread.start()
-    try:
-        wait_for(lambda: query(database_url, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-                                             "AND wait_event_type = 'Lock'"), 30, "the cancel to wait for the tree")
-    finally:
-        scheduling.commit()
-        scheduling.close()
-        thread.join()
+    commit_once_waited_for(database_url, scheduling, thread, "the cancel to wait for the tree")
     assert answers == [{"cancelled": 2, "signalled": 1}]  # the child a and the late one; the root
     assert query(database_url, "SELECT status, outcome FROM spider_job WHERE job = 'late'") == [
         ("terminated", "cancelled")
@@ -269,13 +275,7 @@ def test_a_child_scheduled_while_its_tree_completes_waits_and_is_refused(databas
 
     thread = threading.Thread(target=schedule)
     thread.start()
-    try:
-        wait_for(lambda: query(database_url, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-                                             "AND wait_event_type = 'Lock'"), 30, "the schedule to wait for the tree")
-    finally:
-        ending.commit()
-        ending.close()
-        thread.join()
+    commit_once_waited_for(database_url, ending, thread, "the schedule to wait for the tree")
     [outcome] = outcomes
     assert isinstance(outcome, str) and outcome.startswith("the tree of root job 'r' is done"), outcome
     tree = cluster.tree("p", "r")

@@ -44,11 +44,11 @@ class ChurnNode:
     """One node's life, sped up: claim, finish and prune as a node with PostgresJobStorage does."""
 
     def __init__(self, url: str, index: int):
-        from scrapyd_pgqueue.config import Settings
+        from scrapyd_pgqueue.config import settings
         from scrapyd_pgqueue.store import JobStore, QueueMaintenance
 
         self.store = JobStore.for_url(url)
-        self.maintenance = QueueMaintenance(self.store.engine, Settings(url, "bench").vacuum_interval)
+        self.maintenance = QueueMaintenance(self.store.engine, settings({"database_url": url}).vacuum_interval)
         self.vacuums = 0
         self.node, self.worker = f"bench-churn-{index}", uuid.uuid4().hex
         self.prefix, self.next_number = f"churn-{index}-", 1
@@ -186,10 +186,10 @@ def _churn(ctx: Context) -> dict:
     messages = set()
     while not failure_messages.empty():
         messages.add(failure_messages.get())
-    from scrapyd_pgqueue.config import Settings
+    from scrapyd_pgqueue.config import settings
 
     return {"seconds": seconds, "jobs_per_second": progress.value / seconds, "samples": samples,
-            "vacuum_interval": Settings(ctx.database_url, "bench").vacuum_interval,
+            "vacuum_interval": settings({"database_url": ctx.database_url}).vacuum_interval,
             "prune_failures": prune_failures.value, "prune_failure_messages": sorted(messages)}
 
 

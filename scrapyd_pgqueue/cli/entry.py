@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from scrapyd_pgqueue.cli import health, queue, routes, schedules, trees, webhooks
+from scrapyd_pgqueue.cli import config_file, health, queue, routes, schedules, trees, webhooks
 from scrapyd_pgqueue.config import DATABASE_URL_VARIABLE
 
 
@@ -145,7 +145,7 @@ def run_grant(args: argparse.Namespace) -> int:
     for warning in granted.warnings:
         print(f"scrapyd-pgqueue: warning: {warning}", file=sys.stderr)
     for risk in granted.risks:
-        print(f"scrapyd-pgqueue: but {risk}: revoke that (README, Security)", file=sys.stderr)
+        print(f"scrapyd-pgqueue: but {risk}: revoke that (docs/how-to/security.md)", file=sys.stderr)
     return 1 if granted.risks else 0
 
 
@@ -190,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     routes.add_commands(commands, database_url_argument)  # route set|list|remove
     webhooks.add_commands(commands, database_url_argument, secret_file)  # webhook add|list|remove
     health.add_command(commands)  # health [--ready]: the node's liveness and readiness checks
+    config_file.add_command(commands)  # config: a complete scrapyd.conf, every option's default and help
     return parser
 
 

@@ -34,7 +34,7 @@ def add_commands(commands, database_url_argument) -> None:
 
 
 def tag_list(value: str) -> tuple[str, ...]:
-    from scrapyd_pgqueue.config import InvalidTagsError, parse_tags
+    from scrapyd_pgqueue.tags import InvalidTagsError, parse_tags
 
     try:
         tags = parse_tags(value)

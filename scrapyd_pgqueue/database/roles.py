@@ -58,6 +58,7 @@ NODE_FUNCTIONS = (  # EXECUTE; as oidvectortypes() prints their arguments
     "spider_job_key_unless_taken(text, text)",
     "spider_job_pending_pools()",
     "spider_job_running(text, text)",
+    "spider_job_stats_summary(jsonb)",
     "spider_job_unroutable_pools(double precision, bigint)",
     "spider_tree_count()",
 )
@@ -377,5 +378,5 @@ def warn_if_privileged(engine: Engine) -> None:
         Logger(namespace="scrapyd_pgqueue").warn(
             "This node's database role has more rights than a node needs, and every deployed egg runs with them: "
             "{risks}. Fix: create a node role with `scrapyd-pgqueue grant ROLE` (as the schema's owner) and give "
-            "the nodes that role's URL (README, Security).", risks="; ".join(found),
+            "the nodes that role's URL (docs/how-to/security.md).", risks="; ".join(found),
         )

@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from scrapyd_pgqueue.config import InvalidTagsError, parse_tags
 from scrapyd_pgqueue.job_rules.checks import MAX_NAME_BYTES, InvalidJobError, is_finite
 from scrapyd_pgqueue.job_rules.checks import check_priority as priority_rule
 from scrapyd_pgqueue.job_rules.options import NO_OPTIONS, ON_CONFLICT, UNIQUE_SCOPES, JobOptions
+from scrapyd_pgqueue.tags import InvalidTagsError, parse_tags
 
 # Jobs one schedule_batch.json request may carry (the command streams any number, in batches of this size).
 MAX_BATCH_JOBS = 10_000

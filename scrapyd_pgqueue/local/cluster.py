@@ -225,7 +225,7 @@ class LocalCluster:
         """Nodes started by root run each project's crawls under a uid of its own (crawl_users), which needs the
         nodes' directory and this Python readable by other users. Where Python is not (a private home's), a local
         cluster still runs, its crawls as root: the warning that says so, '' when none."""
-        if os.geteuid() != 0 or config.get("crawl_users", "on") == "off":
+        if os.geteuid() != 0 or config.get("crawl_users", "") == "off":  # unset: the option's default, on
             return ""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o711)  # the nodes, run as another user, pass through; nobody lists it

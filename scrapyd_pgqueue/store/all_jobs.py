@@ -10,7 +10,6 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.config import pool_tags
 from scrapyd_pgqueue.database import clock, db
 from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.store.base import (
@@ -23,6 +22,7 @@ from scrapyd_pgqueue.store.base import (
 )
 from scrapyd_pgqueue.store.operator import OperatorQueries
 from scrapyd_pgqueue.store.trees import TreeQueries
+from scrapyd_pgqueue.tags import pool_tags
 
 # Pending jobs daemonstatus.json counts exactly (a few milliseconds); beyond, it reports the planner's estimate.
 PENDING_COUNT_CAP = 10_000
@@ -159,16 +159,10 @@ PENDING_PAGE = text("""
 """)
 
 # The running jobs (of :project, all when NULL) of every node: bounded by the cluster's process slots. Of a job's
-# stats, the keys its summary reads (job_stats.SUMMARY_KEYS), not the whole dict: a list of many jobs stays small.
+# stats, the keys its summary reads (spider_job_stats_summary), not the whole dict: a list of many jobs stays small.
 RUNNING_JOBS = text("""
     SELECT id, project, spider, job, pid, start_time, node, worker,
-           CASE WHEN j.stats IS NOT NULL THEN jsonb_build_object(
-               'item_scraped_count', j.stats->'item_scraped_count',
-               'downloader/request_count', j.stats->'downloader/request_count',
-               'response_received_count', j.stats->'response_received_count',
-               'log_count/ERROR', j.stats->'log_count/ERROR', 'log_count/CRITICAL', j.stats->'log_count/CRITICAL',
-               'finish_reason', j.stats->'finish_reason'
-           ) END AS stats, pool
+           spider_job_stats_summary(j.stats) AS stats, pool
     FROM spider_job AS j
     WHERE status = 'ongoing' AND (CAST(:project AS text) IS NULL OR project = :project)
     ORDER BY start_time, id
@@ -179,13 +173,7 @@ RUNNING_JOBS = text("""
 FINISHED_JOBS = text("""
     SELECT j.id, j.project, j.spider, j.job, j.start_time, j.end_time, j.node, j.outcome,
            EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log,
-           CASE WHEN j.stats IS NOT NULL THEN jsonb_build_object(
-               'item_scraped_count', j.stats->'item_scraped_count',
-               'downloader/request_count', j.stats->'downloader/request_count',
-               'response_received_count', j.stats->'response_received_count',
-               'log_count/ERROR', j.stats->'log_count/ERROR', 'log_count/CRITICAL', j.stats->'log_count/CRITICAL',
-               'finish_reason', j.stats->'finish_reason'
-           ) END AS stats, j.pool
+           spider_job_stats_summary(j.stats) AS stats, j.pool
     FROM spider_job AS j
     WHERE j.status = 'terminated' AND (CAST(:project AS text) IS NULL OR j.project = :project)
     ORDER BY j.end_time DESC, j.id DESC

@@ -10,12 +10,12 @@ from typing import Any
 
 import msgspec
 
-from scrapyd_pgqueue.config import pool_key
 from scrapyd_pgqueue.database import clock
 from scrapyd_pgqueue.database.sql import IntegrityError, text
 from scrapyd_pgqueue.job_rules.checks import InvalidJobError, check_name, check_priority, encode_message
 from scrapyd_pgqueue.job_rules.options import ERROR, NO_OPTIONS, REPLACE, JobOptions
 from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, DuplicateJobError, Enqueued
+from scrapyd_pgqueue.tags import pool_key
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scrapyd_pgqueue.config import pool_key, pool_tags
 from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.job_rules.checks import check_name
 from scrapyd_pgqueue.store.base import StorePerEngine, database_errors
+from scrapyd_pgqueue.tags import pool_key, pool_tags
 
 # --- queries ---------------------------------------------------------------------------------------------------
 

@@ -30,7 +30,11 @@ CLAIM_NEXT_JOBS = """
     FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s)
 """
 # The same for a node with :tags: only the jobs whose required tags it all has (migration 0014).
-CLAIM_NEXT_JOBS_WITH_TAGS = CLAIM_NEXT_JOBS.replace("%(channel)s)", "%(channel)s, CAST(%(tags)s AS text[]))")
+CLAIM_NEXT_JOBS_WITH_TAGS = """
+    SELECT id, project, job, attempts, message, priority, waited, promoted, next_due_in
+    FROM claim_spider_jobs(CAST(%(projects)s AS text[]), %(limit)s, %(node)s, %(worker)s, %(channel)s,
+                           CAST(%(tags)s AS text[]))
+"""
 
 
 class ClaimRow(NamedTuple):

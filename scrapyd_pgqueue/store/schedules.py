@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from scrapyd_pgqueue.config import pool_key, pool_tags
 from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.database.sql import IntegrityError, text
 from scrapyd_pgqueue.job_rules.checks import InvalidJobError, check_name, check_priority, encode_message
@@ -28,6 +27,7 @@ from scrapyd_pgqueue.job_rules.timing import (
 )
 from scrapyd_pgqueue.store import enqueue
 from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, StorePerEngine, database_errors, read_rows
+from scrapyd_pgqueue.tags import pool_key, pool_tags
 
 # Channel of the NOTIFY sent when a periodic job is added, changed or resumed: nodes recompute when to wake up.
 PERIODIC_CHANNEL = "scrapyd_pgqueue_periodic"

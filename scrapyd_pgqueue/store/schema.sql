@@ -834,6 +834,24 @@ AS $function$
     $function$;
 
 
+-- Of a job's stats, the keys its summary reads (0018; crawl_process/job_stats.py's SUMMARY_KEYS), not the whole dict:
+-- listjobs.json and the pages list many jobs, and stay small. NULL without stats.
+CREATE OR REPLACE FUNCTION spider_job_stats_summary(p_stats jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+        SELECT CASE WHEN p_stats IS NOT NULL THEN jsonb_build_object(
+            'item_scraped_count', p_stats->'item_scraped_count',
+            'downloader/request_count', p_stats->'downloader/request_count',
+            'response_received_count', p_stats->'response_received_count',
+            'log_count/ERROR', p_stats->'log_count/ERROR', 'log_count/CRITICAL', p_stats->'log_count/CRITICAL',
+            'finish_reason', p_stats->'finish_reason'
+        ) END
+    $function$;
+
+
 -- The webhook events of a job that ended (0018): one per webhook that wants it, named by its outcome when the hook
 -- asks for that, else 'ended'; written in the transaction that ends the job (the outbox), whichever statement ends
 -- it. Without hooks the insert reads an empty table. Its two triggers on spider_job follow the tree's.

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import threading
 
-_NAMES = ("REGISTRY", "CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS",
-          "ITEMS_SCRAPED", "CRAWL_ERRORS", "STATS_LINES_DROPPED", "WEBHOOK_DELIVERIES")
+# The node's metrics, in the order /metrics exports them.
+METRIC_NAMES = ("CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS", "ITEMS_SCRAPED",
+                "CRAWL_ERRORS", "STATS_LINES_DROPPED", "WEBHOOK_DELIVERIES")
+_NAMES = ("REGISTRY", *METRIC_NAMES)
 _building = threading.Lock()  # the reactor and the web threads may count first at the same moment
 
 

@@ -22,6 +22,57 @@ from scrapyd_pgqueue.web.page import ThreadedPage
 GAUGE_STATES = ("pending", "delayed", "running")
 
 
+# The cluster's gauges, the same on every node: name -> (help, labels). Their values are read at each scrape.
+CLUSTER_GAUGES = {
+    "scrapyd_pgqueue_cluster_up": ("1 when the cluster's gauges could be read.", ()),
+    "scrapyd_pgqueue_jobs": ("Jobs by project, spider and state (counted up to 10,000).",
+                             ("project", "spider", "state")),
+    "scrapyd_pgqueue_pending_jobs": ("Pending jobs of the cluster (estimated beyond 10,000).", ()),
+    "scrapyd_pgqueue_running_jobs": ("Running jobs of the cluster.", ()),
+    "scrapyd_pgqueue_live_nodes": ("Node processes with a heartbeat within the lease.", ()),
+    "scrapyd_pgqueue_delayed_jobs": ("Delayed jobs of the cluster, waiting for their time (counted up to 10,000).",
+                                     ()),
+    "scrapyd_pgqueue_dead_jobs": ("Jobs out of retries, kept until requeued.", ()),
+    "scrapyd_pgqueue_oldest_pending_age_seconds": (
+        "Seconds the longest-waiting pending job has waited since it was due; 0: none.", ()),
+    "scrapyd_pgqueue_past_due_jobs": (
+        "Pending jobs waiting more than past_due_seconds since they were due (counted up to 10,000).", ()),
+    "scrapyd_pgqueue_unroutable_jobs": (
+        "Pending jobs that no live node can run, by the tags they require (comma-separated; counted up to 10,000 "
+        "each).", ("tags",)),
+    "scrapyd_pgqueue_wanted_nodes": (
+        "Nodes of this node's max_proc the queue's work needs now: running jobs and due ones, within the spiders' "
+        "limits (what KEDA's ScaledObject asks); 0 when idle.", ()),
+}
+# This node's gauges, labelled with its name and tags (comma-separated, sorted; '' for none).
+NODE_GAUGES = {
+    "scrapyd_pgqueue_node_info": ("1, labelled with this node's name and tags.", ("node", "tags")),
+    "scrapyd_pgqueue_node_slots": ("Crawls this node runs at once (max_proc).", ("node", "tags")),
+}
+
+
+def gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
+    """A declared gauge (CLUSTER_GAUGES, NODE_GAUGES), with its one value when it has no labels."""
+    documentation, labels = {**CLUSTER_GAUGES, **NODE_GAUGES}[name]
+    if labels:
+        return GaugeMetricFamily(name, documentation, labels=list(labels))
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def documented_metrics() -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """Every metric /metrics exports, as (name as exposed, type, help, labels): this node's counters and histogram
+    (``metrics.py``), its gauges and the cluster's; the reference page is made from it."""
+    exported = []
+    for name in metrics.METRIC_NAMES:
+        collector = getattr(metrics, name)
+        suffix = "_total" if collector._type == "counter" else ""
+        exported.append((collector._name + suffix, collector._type, collector._documentation,
+                         tuple(collector._labelnames)))
+    for name, (documentation, labels) in {**NODE_GAUGES, **CLUSTER_GAUGES}.items():
+        exported.append((name, "gauge", documentation, labels))
+    return exported
+
+
 class ClusterCollector:
     """The cluster's gauges, read once per scrape; ``slots`` is this node's max_proc (for the wanted nodes)."""
 
@@ -30,14 +81,12 @@ class ClusterCollector:
         self.slots = slots
 
     def collect(self):
-        up = GaugeMetricFamily("scrapyd_pgqueue_cluster_up", "1 when the cluster's gauges could be read.")
         try:
             families = list(self.cluster_families())
         except DatabaseError:
             metrics.DATABASE_ERRORS.labels("web").inc()
             families = []
-        up.add_metric([], 1 if families else 0)
-        yield up
+        yield gauge("scrapyd_pgqueue_cluster_up", 1 if families else 0)
         yield from node_families(self.settings, self.slots)
         yield from families
 
@@ -45,53 +94,35 @@ class ClusterCollector:
         cluster = AllJobsStore.for_settings(self.settings)
         overview = OverviewStore.for_settings(self.settings)
         counts = cluster.cluster_counts(self.settings.lease_seconds, self.settings.past_due_seconds)
-        jobs = GaugeMetricFamily("scrapyd_pgqueue_jobs", "Jobs by project, spider and state (counted up to 10,000).",
-                                 labels=["project", "spider", "state"])
+        jobs = gauge("scrapyd_pgqueue_jobs")
         for depth in overview.depth_by_spider():
             for state in GAUGE_STATES:
                 if state in depth.counts:
                     jobs.add_metric([depth.project, depth.spider, state], depth.counts[state])
         yield jobs
-        yield gauge("scrapyd_pgqueue_pending_jobs", "Pending jobs of the cluster (estimated beyond 10,000).",
-                    counts.pending)
-        yield gauge("scrapyd_pgqueue_running_jobs", "Running jobs of the cluster.", counts.running)
-        yield gauge("scrapyd_pgqueue_live_nodes", "Node processes with a heartbeat within the lease.", counts.nodes)
-        yield gauge("scrapyd_pgqueue_delayed_jobs", "Delayed jobs of the cluster, waiting for their time (counted up "
-                    "to 10,000).", counts.delayed)
-        yield gauge("scrapyd_pgqueue_dead_jobs", "Jobs out of retries, kept until requeued.", counts.dead)
-        yield gauge("scrapyd_pgqueue_oldest_pending_age_seconds",
-                    "Seconds the longest-waiting pending job has waited since it was due; 0: none.",
-                    max(overview.oldest_pending_age() or 0.0, 0.0))
-        yield gauge("scrapyd_pgqueue_past_due_jobs", f"Pending jobs waiting more than past_due_seconds "
-                    f"({self.settings.past_due_seconds:g}) since they were due (counted up to 10,000).",
-                    counts.past_due)
-        unroutable = GaugeMetricFamily(
-            "scrapyd_pgqueue_unroutable_jobs", "Pending jobs that no live node can run, by the tags they require "
-            "(comma-separated; counted up to 10,000 each).", labels=["tags"])
+        yield gauge("scrapyd_pgqueue_pending_jobs", counts.pending)
+        yield gauge("scrapyd_pgqueue_running_jobs", counts.running)
+        yield gauge("scrapyd_pgqueue_live_nodes", counts.nodes)
+        yield gauge("scrapyd_pgqueue_delayed_jobs", counts.delayed)
+        yield gauge("scrapyd_pgqueue_dead_jobs", counts.dead)
+        yield gauge("scrapyd_pgqueue_oldest_pending_age_seconds", max(overview.oldest_pending_age() or 0.0, 0.0))
+        yield gauge("scrapyd_pgqueue_past_due_jobs", counts.past_due)
+        unroutable = gauge("scrapyd_pgqueue_unroutable_jobs")
         for pool in PoolStore.for_settings(self.settings).unroutable(self.settings.lease_seconds, PENDING_COUNT_CAP):
             unroutable.add_metric([",".join(pool.tags)], pool.jobs)
         yield unroutable
-        yield gauge("scrapyd_pgqueue_wanted_nodes", f"Nodes of this node's max_proc ({self.slots}) the queue's work "
-                    "needs now: running jobs and due ones, within the spiders' limits (what KEDA's ScaledObject "
-                    "asks); 0 when idle.", overview.wanted_nodes(self.slots))
+        yield gauge("scrapyd_pgqueue_wanted_nodes", overview.wanted_nodes(self.slots))
 
 
 def node_families(settings, slots: int):
-    """This node's gauges, labelled with its name and tags (comma-separated, sorted; '' for none)."""
-    labels = ["node", "tags"]
+    """This node's gauges, labelled with its name and tags."""
     values = [settings.node_name, ",".join(settings.node_tags)]
-    info = GaugeMetricFamily("scrapyd_pgqueue_node_info", "1, labelled with this node's name and tags.",
-                             labels=labels)
+    info = gauge("scrapyd_pgqueue_node_info")
     info.add_metric(values, 1)
     yield info
-    node_slots = GaugeMetricFamily("scrapyd_pgqueue_node_slots", "Crawls this node runs at once (max_proc).",
-                                   labels=labels)
+    node_slots = gauge("scrapyd_pgqueue_node_slots")
     node_slots.add_metric(values, slots)
     yield node_slots
-
-
-def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=value)
 
 
 class MetricsPage(ThreadedPage):

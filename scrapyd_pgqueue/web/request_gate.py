@@ -49,12 +49,14 @@ class Credentials:
     @classmethod
     def from_config(cls, config) -> Credentials:
         """As Scrapyd reads its own pair: the environment first, then the configuration files."""
-        def pair(prefix: str, option: str) -> tuple[bytes, bytes] | None:
-            username = os.environ.get(f"SCRAPYD_{prefix}USERNAME") or config.get(f"{option}username", "")
-            password = os.environ.get(f"SCRAPYD_{prefix}PASSWORD") or config.get(f"{option}password", "")
+        def pair(username: str, password: str) -> tuple[bytes, bytes] | None:
             return (username.encode(), password.encode()) if username and password else None
 
-        credentials = cls(pair("", ""), pair("READONLY_", "readonly_"))
+        credentials = cls(
+            pair(os.environ.get("SCRAPYD_USERNAME") or config.get("username", ""),
+                 os.environ.get("SCRAPYD_PASSWORD") or config.get("password", "")),
+            pair(os.environ.get("SCRAPYD_READONLY_USERNAME") or config.get("readonly_username", ""),
+                 os.environ.get("SCRAPYD_READONLY_PASSWORD") or config.get("readonly_password", "")))
         if credentials.read_only and not credentials.full:
             raise ConfigurationError("readonly_username and readonly_password need Scrapyd's username and password "
                                      "(without them the node asks for no credentials at all)")
@@ -122,7 +124,7 @@ def refusal(credentials: Credentials, method: bytes, target: bytes, headers, sec
     if role == "read-only" and (method not in SAFE_METHODS or first_segment(target) not in READ_ONLY):
         return Refusal(403, f"the read-only credential may not {method.decode(errors='replace')} "
                             f"{target.split(b'?', 1)[0].decode(errors='replace')}: it may read the pages, the logs "
-                            "and the services that only read (see the README's Security section)")
+                            "and the services that only read (see docs/how-to/security.md)")
     return None
 
 

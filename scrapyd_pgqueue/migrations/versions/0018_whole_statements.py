@@ -63,6 +63,21 @@ UNROUTABLE_POOLS = """
     $$
 """
 
+# Of a job's stats, the keys its summary reads (crawl_process/job_stats.py's SUMMARY_KEYS), not the whole dict:
+# a list of many jobs stays small. NULL without stats.
+STATS_SUMMARY = """
+    CREATE FUNCTION spider_job_stats_summary(p_stats jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE SET search_path FROM CURRENT AS $$
+        SELECT CASE WHEN p_stats IS NOT NULL THEN jsonb_build_object(
+            'item_scraped_count', p_stats->'item_scraped_count',
+            'downloader/request_count', p_stats->'downloader/request_count',
+            'response_received_count', p_stats->'response_received_count',
+            'log_count/ERROR', p_stats->'log_count/ERROR', 'log_count/CRITICAL', p_stats->'log_count/CRITICAL',
+            'finish_reason', p_stats->'finish_reason'
+        ) END
+    $$
+"""
+
 # The events of a job that ended (terminated with an outcome), one per webhook that wants it: its outcome by name,
 # or 'ended'; written in the transaction that ends the job (the outbox), whichever statement ends it. Without hooks
 # the insert reads an empty table.
@@ -86,7 +101,7 @@ ENDED_EVENTS = """
 # and leaves it terminated with an outcome ended it (a finish, a cancel, a recovery, a hand-back; a late finish of a
 # job recovery gave up as lost ends it again); an insert of a terminated job records one that ended.
 def upgrade() -> None:
-    _with_pinned_search_path(KEY_UNLESS_TAKEN, NODES_WANT_WORK, UNROUTABLE_POOLS, ENDED_EVENTS)
+    _with_pinned_search_path(KEY_UNLESS_TAKEN, NODES_WANT_WORK, UNROUTABLE_POOLS, STATS_SUMMARY, ENDED_EVENTS)
     op.execute("CREATE TRIGGER spider_job_ended AFTER UPDATE OF status ON spider_job FOR EACH ROW "
                "WHEN (NEW.status = 'terminated' AND NEW.outcome IS NOT NULL) "
                "EXECUTE FUNCTION spider_job_ended_events()")
@@ -99,6 +114,7 @@ def downgrade() -> None:
     op.execute("DROP TRIGGER spider_job_recorded ON spider_job")
     op.execute("DROP TRIGGER spider_job_ended ON spider_job")
     op.execute("DROP FUNCTION spider_job_ended_events()")
+    op.execute("DROP FUNCTION spider_job_stats_summary(jsonb)")
     op.execute("DROP FUNCTION spider_job_unroutable_pools(double precision, bigint)")
     op.execute("DROP FUNCTION scrapyd_nodes_want_work()")
     op.execute("DROP FUNCTION spider_job_key_unless_taken(text, text)")
