@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -49,3 +50,12 @@ def test_ctrl_c_stops_every_node_it_started_and_exits_cleanly(database_url, tmp_
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "Stopping ..." in out
     wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in nodes), 30, "the node process gone")
+
+
+def test_the_command_line_starts_without_importing_scrapyd_or_scrapy():
+    """Every ``scrapyd-pgqueue`` command starts in a few hundred milliseconds: the parser imports neither Scrapyd nor
+    Scrapy (0.4 s of imports), which only the commands that need them import."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys; from scrapyd_pgqueue.cli.entry import build_parser; "
+                             "build_parser(); print(sorted({m.split('.')[0] for m in sys.modules} & {'scrapy', 'scrapyd', "
+                             "'twisted'}))"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert loaded == "[]"

@@ -18,7 +18,7 @@ GENERATED = "<!-- Generated from the code by docs/_ext/reference.py when the sit
 
 
 def options_page() -> str:
-    from scrapyd_pgqueue.cli.config_file import SHIPPED
+    from scrapyd_pgqueue.cli.config_file import shipped
     from scrapyd_pgqueue.config import OPTIONS
     from scrapyd_pgqueue.one_line_config import scrapyd_defaults
 
@@ -35,8 +35,8 @@ def options_page() -> str:
         if declared.scrapyd and not default:
             default = scrapyd_defaults().get("scrapyd", declared.name, fallback="")
         facts = [f"default `{default}`" if default else "unset by default"]
-        if declared.name in SHIPPED and SHIPPED[declared.name] != default:
-            facts.append(f"`{SHIPPED[declared.name]}` in the shipped scrapyd.cfg")
+        if shipped().get(declared.name, default) != default:
+            facts.append(f"`{shipped()[declared.name]}` in the shipped scrapyd.cfg")
         if declared.variable:
             facts.append(f"environment `{declared.variable}`")
         if declared.scrapyd:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import textwrap
 
 from scrapyd_pgqueue.config import OPTIONS, Option
-from scrapyd_pgqueue.one_line_config import ONE_LINE, scrapyd_defaults
 
 PREAMBLE = """\
 # A complete Scrapyd node of a scrapyd_pgqueue cluster.
@@ -21,9 +20,6 @@ PREAMBLE = """\
 # ~/.scrapy.cfg (the node's directory is its HOME). Not as ./scrapy.cfg: Scrapyd reads the nearest scrapy.cfg
 # last, so its 
 """
-# Where this file's value is not the option's default: the one line itself, and a node's slots written out (0,
-# Scrapyd's default, means 4 per CPU; KEDA divides the queue's work by them).
-SHIPPED = {"application": ONE_LINE.partition(" = ")[2], "max_proc": "4"}
 WIDTH = 117
 
 
@@ -34,7 +30,18 @@ def add_command(commands) -> None:
     parser.set_defaults(run=lambda args: print(render(), end="") or 0)
 
 
+def shipped() -> dict[str, str]:
+    """Where the file's value is not the option's default: the one line itself, and a node's slots written out (0,
+    Scrapyd's default, means 4 per CPU; KEDA divides the queue's work by them)."""
+    # Imported here: one_line_config imports Scrapyd (and Scrapy's conf), which the command line must not pay at start.
+    from scrapyd_pgqueue.one_line_config import ONE_LINE
+
+    return {"application": ONE_LINE.partition(" = ")[2], "max_proc": "4"}
+
+
 def render() -> str:
+    from scrapyd_pgqueue.one_line_config import scrapyd_defaults  # as in shipped()
+
     lines = [PREAMBLE, "[scrapyd]"]
     groups: dict[str, list[Option]] = {}
     for declared in OPTIONS:
@@ -43,7 +50,7 @@ def render() -> str:
         lines += ["", f"# --- {group} ".ljust(WIDTH, "-")]
         for declared in options:
             lines += [*textwrap.wrap(_described(declared), WIDTH, initial_indent="# ", subsequent_indent="# "),
-                      _line(declared)]
+                      _line(declared, scrapyd_defaults())]
     lines += ["", "# Projects baked into the node (no egg needed): project = settings module, importable by the node.",
               "[settings]", "example = example.settings", ""]
     return "\n".join(lines)
@@ -56,8 +63,8 @@ def _described(declared: Option) -> str:
     return text
 
 
-def _line(declared: Option) -> str:
-    value = SHIPPED.get(declared.name) or declared.default
+def _line(declared: Option, scrapyds) -> str:
+    value = shipped().get(declared.name) or declared.default
     if not value and declared.scrapyd:
-        value = scrapyd_defaults().get("scrapyd", declared.name, fallback="")
+        value = scrapyds.get("scrapyd", declared.name, fallback="")
     return f"{declared.name} = {value}" if value else f"# {declared.name} ="

@@ -88,7 +88,9 @@ def run_cluster(args: argparse.Namespace) -> int:
             print("No database URL given: starting a throwaway Postgres ...", flush=True)
             server = devdb.throwaway_postgres()
             url = server.url
-        config = {"max_proc": str(args.max_proc), "poll_interval": str(args.poll_interval)}
+        config = {"max_proc": str(args.max_proc)}
+        if args.poll_interval is not None:
+            config["poll_interval"] = str(args.poll_interval)
         cluster = LocalCluster(url, args.nodes, directory=args.directory, config=config)
         if cluster.crawls_as_root:
             print(f"Warning: {cluster.crawls_as_root}", file=sys.stderr, flush=True)
@@ -157,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     database_url_argument(cluster, required=False)
     cluster.add_argument("--nodes", type=int, default=3, help="Scrapyd nodes to start (default 3)")
     cluster.add_argument("--max-proc", type=int, default=2, help="crawls at once per node (default 2)")
-    cluster.add_argument("--poll-interval", type=float, default=5.0, help="seconds between polls (default 5)")
+    cluster.add_argument("--poll-interval", type=float,
+                         help="seconds between polls (default: the poll_interval option's)")
     cluster.add_argument("--directory", help="where node directories go (default: a new temporary directory)")
     cluster.set_defaults(run=run_cluster)
 

@@ -7,8 +7,8 @@ only the outcome written when the crawl ends reaches the database):
   asks (SIGINT, Scrapy's graceful stop) and ends with outcome ``timeout``;
 - with no new request, response or item for ``stall_timeout`` (from ``progress_at``), the same, outcome ``stalled``;
 - a crawl whose spider has not opened ``start_timeout`` after its start is SIGKILLed and its job handed back as a
-  lost claim is (the attempt counted; ``max_attempts`` used up: ``lost``), if it reports its spider's opening (the
-  node's runner or a warm fork: a runner of the user's own reports nothing);
+  stopping node hands back its claims (the attempt counted; ``max_attempts`` used up: ``interrupted``), if it reports
+  its spider's opening (the node's runner or a warm fork: a runner of the user's own reports nothing);
 - a crawl asked to stop (cancel.json's first signal, the watchdog) and still alive ``cancel_timeout`` later is
   SIGKILLed, with a line in its log file and one in the node's.
 

@@ -1,9 +1,9 @@
 """``tree.json``: a crawl tree for the whole cluster, in Scrapyd's JSON.
 
-``tree.json?project=P&job=ROOT`` (any job of the tree finds its root) answers its jobs by state (``pending``,
-``delayed``, ``ongoing``, ``terminated``) and by outcome, the total, how many are not ended (``open``), ``done``,
-the start of its first job and the end of its last, the completion job (``_on_complete``) once enqueued, and the
-newest failures (``failures=N``, default 10). Installed through ``[services]`` like the other services.
+``tree.json?project=P&job=ROOT`` (any job of the tree finds its root) answers its jobs by state, in Scrapyd's
+names (``pending``, delayed ones included; ``running``; ``finished``) and by outcome, the total, how many are not
+ended (``open``), ``done``, the start of its first job and the end of its last, the completion job
+(``_on_complete``) once enqueued, and the newest failures (``failures=N``, default 10). Installed through ``[services]`` like the other services.
 """
 
 from __future__ import annotations
