@@ -184,8 +184,7 @@ class Settings:
         "", "The node's tags, comma-separated: it claims only jobs whose required tags (_tags, a spider's route) it "
         "all has.", NODE, variable="SCRAPYD_NODE_TAGS", parse=_tags)
     poll_interval: float = option(
-        "5", "Seconds between two polls of the queue: the floor under NOTIFY and delayed jobs' timers.", LEASES,
-        parse=_number(float))
+        "5", "Seconds between two polls of the queue: the floor under NOTIFY and delayed jobs' timers.", LEASES)
     listen_notify: bool = option(
         "on", "Whether the node listens for NOTIFY to start jobs at once; polling stays as the floor.", LEASES)
     heartbeat_interval: float = option("5", "Seconds between two renewals of the node's lease.", LEASES)
@@ -200,7 +199,7 @@ class Settings:
     stop_timeout: float = option(
         "5", "Seconds a stopping node (SIGTERM) lets its crawls run on before it hands their jobs back.", LEASES)
     finished_to_keep: int = option(
-        "100", "Finished jobs kept for listjobs.json, for the whole cluster.", JOBS, parse=_number(int))
+        "100", "Finished jobs kept for listjobs.json, for the whole cluster.", JOBS)
     dead_to_keep: int | None = option(
         "", "Dead jobs (out of retries) kept beside them, newest first; unset: every one, until requeued or pruned.",
         JOBS)
