@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = build_profile(arguments)
     output = arguments.output.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="scrapyd-pgqueue-bench-"))
+    workdir.chmod(0o711)  # nodes started by root run as node_user and their crawls as project users: they pass through
     ctx = bench_context.Context(database_url="", profile=profile, workdir=workdir)
     removed = database.remove_scrapyd_environment()
     if removed:

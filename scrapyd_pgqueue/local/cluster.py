@@ -80,7 +80,10 @@ class ScrapydNode:
         config = dict(self.config)
         if "EXAMPLE_RECORD_DIR" in self.extra_env and "crawl_paths" not in config:
             config["crawl_paths"] = self.extra_env["EXAMPLE_RECORD_DIR"]  # the example spiders' records (Landlock)
-            Path(config["crawl_paths"]).mkdir(parents=True, exist_ok=True)  # a path Landlock is given must exist
+            records = Path(config["crawl_paths"])
+            records.mkdir(parents=True, exist_ok=True)  # a path Landlock is given must exist
+            if os.geteuid() == 0:
+                records.chmod(0o1777)  # crawls under their project's users append to it, as to /tmp
         overrides = "".join(f"{key} = {value}\n" for key, value in config.items())
         (self.directory / ".scrapyd.conf").write_text(f"[scrapyd]\n{overrides}")
 
