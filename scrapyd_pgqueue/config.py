@@ -205,6 +205,8 @@ class Settings:
         JOBS)
     tree_max_jobs: int = option(
         "100000", "Jobs a crawl tree may ever have, its root included: a child past it is refused; 0: no cap.", JOBS)
+    max_workers: int = option(
+        "64", "Workers one crawl may have (schedule.json's _workers, and those that join it with _join).", JOBS)
     default_retries: int = option("0", "Retries of a failed crawl when schedule.json gives no _retries.", JOBS)
     past_due_seconds: float = option(
         "60", "Seconds a pending job may wait to be claimed before the counts call it past due.", JOBS)
@@ -343,7 +345,7 @@ def settings(config=None) -> Settings:
     for name in ("dead_to_keep", "tree_max_jobs", "max_runtime", "stall_timeout", "start_timeout"):
         if (getattr(result, name) or 0) < 0:
             raise ConfigurationError(f"'{name}' may not be negative")
-    for name in ("database_pool_size", "warm_processes", "max_request_bytes", "max_egg_bytes"):
+    for name in ("database_pool_size", "warm_processes", "max_request_bytes", "max_egg_bytes", "max_workers"):
         if getattr(result, name) < 1:
             raise ConfigurationError(f"'{name}' must be at least 1")
     for name in ("stats_interval", "cancel_timeout", "webhook_timeout", "webhook_backoff", "webhook_backoff_max"):

@@ -18,7 +18,7 @@ if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, ot
 
 from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above
 
-from scrapyd_pgqueue.crawl_process import launch, stats_extension  # noqa: E402
+from scrapyd_pgqueue.crawl_process import frontier_outputs, launch, stats_extension  # noqa: E402
 from scrapyd_pgqueue.one_line_config import OneLineConfig  # noqa: E402
 
 
@@ -27,6 +27,7 @@ def main():
     scrapyd_runner.Config = OneLineConfig  # project_environment() builds its egg storage from Config()
     scrapyd_runner.activate_egg = launch.activate_egg  # the sealed egg, imported by its /proc/self/fd path
     stats_extension.install()  # the crawl reports its stats to its node (crawl_process/job_stats.py)
+    frontier_outputs.install()  # a frontier worker learns when a request is done
     scrapyd_runner.main()
 
 

@@ -97,7 +97,7 @@ def warm_up(nodes, projects) -> None:
     the node's reactor blocked), so tests that depend on timing pay it before they start the clock.
     """
     for node, project in itertools.product(nodes, projects):
-        assert node.get("listspiders.json", project=project)["spiders"] == ["quotes", "sleeper", "stubborn", "ticker"]
+        assert node.get("listspiders.json", project=project)["spiders"] == ["quotes", "site", "sleeper", "stubborn", "ticker"]
 
 
 def assert_every_node_takes_jobs(cluster: LocalCluster, record_dir: Path) -> None:

@@ -189,7 +189,7 @@ def test_scrapyds_runner_runs_a_version_fetched_from_the_database(storage, examp
 
     pinned = runner_list(SCRAPYD_EGG_VERSION="1")
     assert pinned.returncode == 0, pinned.stderr
-    assert pinned.stdout.split() == ["quotes", "sleeper", "stubborn", "ticker"]
+    assert pinned.stdout.split() == ["quotes", "site", "sleeper", "stubborn", "ticker"]
     latest = runner_list()  # version 2, the latest, has no project in it
     assert latest.returncode != 0 and "BadEggError" in latest.stderr
 

@@ -54,14 +54,14 @@ def test_six_nodes_through_pgbouncer_run_every_job_once_cancel_deploy_and_surviv
     listening = start_cluster(bounced_url, 3, name_prefix="listening", listen_url=direct_url, **FAST).nodes
     nodes = polling + listening
     for node in nodes:
-        assert node.get("listspiders.json", project="example")["spiders"] == ["quotes", "sleeper", "stubborn", "ticker"]
+        assert node.get("listspiders.json", project="example")["spiders"] == ["quotes", "site", "sleeper", "stubborn", "ticker"]
 
     # An egg deployed once, through one node, runs on every node: 12 slots, 12 crawls of it at once.
     assert polling[0].post("addversion.json", project="eggproject", version="1", egg=egg.read_bytes())["status"] == "ok"
     for node in nodes:
         wait_for(lambda: "eggproject" in node.get("listprojects.json")["projects"], 15, f"{node.name} to learn it")
         assert node.get("listspiders.json", project="eggproject")["spiders"] == [
-            "quotes", "sleeper", "stubborn", "ticker"]
+            "quotes", "site", "sleeper", "stubborn", "ticker"]
     egg_jobs = [
         node.post("schedule.json", project="eggproject", spider="sleeper", seconds="8")["jobid"]
         for node in nodes for _ in range(2)

@@ -178,11 +178,11 @@ def test_the_schema_file_is_exactly_what_the_migrations_leave(database_url, post
     migrated, from_file = _catalog(database_url, db.VERSION_TABLE), _catalog(file_url, db.VERSION_TABLE)
     # Something was compared: the migrations' objects are there (the names of every function, a count of the rest).
     assert sorted(name.split("(")[0] for name in migrated["function"]) == [
-        "claim_spider_jobs", "scrapyd_nodes_want_work", "scrapyd_pgqueue_wanted_nodes", "scrapyd_pgqueue_wanted_nodes",
+        "claim_spider_jobs", "crawl_request_release", "scrapyd_nodes_want_work", "scrapyd_pgqueue_wanted_nodes", "scrapyd_pgqueue_wanted_nodes",
         "spider_job_ended_events", "spider_job_key_unless_taken", "spider_job_pending_pools", "spider_job_running",
         "spider_job_stats_summary", "spider_job_unroutable_pools", "spider_tree_count"]
     assert {kind: len(objects) for kind, objects in migrated.items()} == {
-        "table": 14, "column": 141, "constraint": 29, "index": 32, "sequence": 5, "trigger": 5, "function": 11,
-        "type": 0, "comment": 0, "rows": 14}
+        "table": 15, "column": 154, "constraint": 32, "index": 37, "sequence": 6, "trigger": 6, "function": 12,
+        "type": 0, "comment": 0, "rows": 15}
     differences = _differences(migrated, from_file)
     assert not differences, "store/schema.sql differs from the migrated database:\n" + "\n".join(differences)

@@ -26,6 +26,14 @@ VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
 # {JOBS: [job, ...]}; the answer {JOBS: [{JOB: id, EXISTING: bool}, ...]}, or INDEX: the job refused.
 UNIX, TCP = "unix", "tcp"
 SCHEDULE_PATH = "/schedule"
+# A frontier worker's step (``scrapyd_pgqueue.frontier``): {NEW: [{FINGERPRINT, PRIORITY, SLOT, REQUEST}, ...],
+# DONE: [id, ...], FAILED: [[id, error], ...], LEASE: n}, bytes as base64; the answer {STORED, DUPLICATES,
+# LEASED: [{ID, REQUEST}, ...], OPEN: whether the crawl still has work}.
+FRONTIER_PATH = "/frontier"
+FRONTIER_SCHEDULER = "scrapyd_pgqueue.frontier.Scheduler"  # the SCHEDULER setting of a crawl's workers
+NEW, DONE, FAILED, LEASE = "new", "done", "failed", "lease"
+FINGERPRINT, PRIORITY, SLOT, REQUEST, ID = "fingerprint", "priority", "slot", "request", "id"
+STORED, DUPLICATES, LEASED, OPEN = "stored", "duplicates", "leased", "open"
 BEARER = "Bearer"
 JOBS, JOB, EXISTING, INDEX = "jobs", "job", "existing", "index"
 # Seconds a request waits for its node; the node bounds its database work by its database_timeout.
@@ -144,8 +152,8 @@ class _RefusedAt(ValueError):
         self.index = index
 
 
-def _ask_node(address: str, token: str, body: dict) -> tuple[int, dict]:
-    """POST ``body`` to the node's /schedule: its status and JSON answer. NodeUnavailableError when it cannot be
+def _ask_node(address: str, token: str, body: dict, path: str = SCHEDULE_PATH) -> tuple[int, dict]:
+    """POST ``body`` to the node's ``path``: its status and JSON answer. NodeUnavailableError when it cannot be
     reached or answers no JSON."""
     import http.client
     import json
@@ -162,7 +170,7 @@ def _ask_node(address: str, token: str, body: dict) -> tuple[int, dict]:
     try:
         if kind == UNIX:
             connection.sock.connect(where)
-        connection.request("POST", SCHEDULE_PATH, json.dumps(body).encode(), {
+        connection.request("POST", path, json.dumps(body).encode(), {
             "Content-Type": "application/json", "Authorization": f"{BEARER} {token}",
         })
         response = connection.getresponse()
@@ -186,6 +194,20 @@ def set_node(address: str | None, token: str | None) -> None:
     """This crawl's way to its node, from its launch (``launch.enter``)."""
     global _node
     _node = (address, token)
+
+
+def frontier_step(body: dict) -> dict:
+    """One frontier step of this crawl (``FRONTIER_PATH``): the node's answer. NotInACrawlError when this is not a
+    crawl of a node; NodeUnavailableError when the node or its database did not answer (nothing was done)."""
+    address, token = _node
+    if not (address and token):
+        raise NotInACrawlError("the frontier scheduler needs a crawl started by a node of the cluster")
+    status, answer = _ask_node(address, token, body, FRONTIER_PATH)
+    if status == 503:
+        raise NodeUnavailableError(answer.get("message", "the node's database did not answer"))
+    if status != 200:
+        raise NotInACrawlError(f"the node refused the frontier step ({status}): {answer.get('message')}")
+    return answer
 
 
 def scheduler(parent: str | None) -> Scheduler:

@@ -69,12 +69,13 @@ def import_project(project: str) -> None:
     """What a crawl of this project imports before its spider starts, in the order ``scrapy crawl`` does."""
     from scrapyd import runner as scrapyd_runner
 
-    from scrapyd_pgqueue.crawl_process import stats_extension
+    from scrapyd_pgqueue.crawl_process import frontier_outputs, stats_extension
     from scrapyd_pgqueue.one_line_config import OneLineConfig
 
     scrapyd_runner.Config = OneLineConfig
     scrapyd_runner.activate_egg = launch.activate_egg
     stats_extension.install()  # as the runner does for a cold crawl
+    frontier_outputs.install()
     scrapyd_runner.project_environment(project).__enter__()  # the egg stays active for every crawl
     from scrapy.spiderloader import get_spider_loader
     from scrapy.utils.project import get_project_settings

@@ -45,12 +45,14 @@ NODE_TABLES = {
     # A deploy inserts a new row (a new id) and deletes the old one; no node updates an egg or its digest in place.
     "project_egg": "SELECT, INSERT, DELETE",
     "project_user": "SELECT, INSERT",  # a project's uid is assigned once, then only read
+    "crawl_request": ROW_RIGHTS,  # the frontier's requests: stored, leased, done; deleted with their crawl
     db.VERSION_TABLE: "SELECT",  # nodes check the schema's revision; only the owner migrates
 }
-NODE_SEQUENCES = ("project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_id_seq", "webhook_event_id_seq",
+NODE_SEQUENCES = ("crawl_request_id_seq", "project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_id_seq", "webhook_event_id_seq",
                   "webhook_id_seq")  # USAGE: nextval
 NODE_FUNCTIONS = (  # EXECUTE; as oidvectortypes() prints their arguments
     "claim_spider_jobs(text[], integer, text, text, text, text[])",
+    "crawl_request_release()",
     "scrapyd_nodes_want_work()",
     "scrapyd_pgqueue_wanted_nodes(integer)",
     "scrapyd_pgqueue_wanted_nodes(integer, text[])",

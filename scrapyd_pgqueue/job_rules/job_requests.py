@@ -37,9 +37,10 @@ OPTION_FIELDS = {
     "_max_runtime": "max_runtime",
     "_stall_timeout": "stall_timeout",
     "_tags": "tags",
+    "_workers": "workers",
 }
-# The keys of a batch's job object.
-JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()}
+# The keys of a batch's job object (a crawl of several workers is schedule.json's alone).
+JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()} - {"workers"}
 # Retries and delays beyond these are mistakes, not plans (2 ** 30 backoffs overflow any interval).
 MAX_RETRIES = 30
 MAX_DELAY_SECONDS = 10 * 365 * 86400
@@ -204,9 +205,13 @@ def _options(given: dict[str, Any], default_retries: int) -> JobOptions:
         if seconds is not None and not 0 <= seconds <= MAX_DELAY_SECONDS:
             raise RefusedJob(f"{what} must be between 0 and {MAX_DELAY_SECONDS} seconds, not {seconds}")
     run_at = None if given.get("run_at") is None else _run_at(given["run_at"])
+    workers = None if given.get("workers") is None else _number("workers", given["workers"], integer=True)
+    if workers is not None and workers < 1:
+        raise RefusedJob(f"workers must be at least 1, not {workers}")
     return JobOptions(
         run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0), **_tree_options(given),
         **watchdog_limits(given), tags=required_tags(given.get("tags")),
+        workers=None if workers is None else int(workers),
     )
 
 

@@ -29,6 +29,7 @@ class JobOptions:
     max_runtime: float | None = None  # seconds the crawl may run before its node stops it ("timeout")
     stall_timeout: float | None = None  # seconds without a new request, response or item before it does ("stalled")
     tags: tuple[str, ...] | None = None  # the tags a node needs to run it (checked, sorted); None: its spider's route
+    workers: int | None = None  # a crawl spread over this many jobs sharing one frontier; None: a job of its own
 
 
 NO_OPTIONS = JobOptions()

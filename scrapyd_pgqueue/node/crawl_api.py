@@ -18,6 +18,8 @@ database did not answer in ``database_timeout``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import secrets
@@ -31,11 +33,25 @@ from twisted.web import resource, server
 
 from scrapyd_pgqueue.crawl_process.crawl_node import (
     BEARER,
+    DONE,
+    DUPLICATES,
     EXISTING,
+    FAILED,
+    FINGERPRINT,
+    FRONTIER_PATH,
+    ID,
     INDEX,
     JOB,
     JOBS,
+    LEASE,
+    LEASED,
+    NEW,
+    OPEN,
+    PRIORITY,
+    REQUEST,
     SCHEDULE_PATH,
+    SLOT,
+    STORED,
     TCP,
     UNIX,
 )
@@ -60,6 +76,7 @@ class CrawlScope:
     job: str
     row_id: int | None
     pid: int | None = field(default=None)
+    crawl: int | None = field(default=None)  # the crawl it works for, once it used the frontier
 
 
 class Refused(ValueError):
@@ -129,13 +146,16 @@ class CrawlApi(resource.Resource):
     def render_POST(self, request):
         try:
             scope = self._scope(request)
-            if request.path != SCHEDULE_PATH.encode():
-                raise Refused(404, f"no such endpoint: POST {SCHEDULE_PATH}")
-            jobs = self._jobs(request)
+            if request.path == SCHEDULE_PATH.encode():
+                work, argument = self.schedule, self._jobs(request)
+            elif request.path == FRONTIER_PATH.encode():
+                work, argument = self.frontier_step, frontier_step_of(self._body(request))
+            else:
+                raise Refused(404, f"no such endpoint: POST {SCHEDULE_PATH} or {FRONTIER_PATH}")
         except Refused as e:
             return self._answer(request, e.code, self._error(e))
         gone = offload.watch(request)
-        d = offload.in_thread(self.schedule, scope, jobs, pool_name="crawl-api", size=API_THREADS)
+        d = offload.in_thread(work, scope, argument, pool_name="crawl-api", size=API_THREADS)
         d.addCallbacks(lambda data: (200, data), self._failed)
         d.addCallback(lambda outcome: None if gone else self._write(request, *outcome))
         return server.NOT_DONE_YET
@@ -152,16 +172,37 @@ class CrawlApi(resource.Resource):
         return scope
 
     @staticmethod
-    def _jobs(request) -> list:
+    def _body(request) -> dict:
         from scrapyd_pgqueue.job_rules.job_requests import parse_json
 
         try:
             body = parse_json(request.content.read())
         except (ValueError, UnicodeDecodeError) as e:
             raise Refused(400, f"the body must be a JSON object: {e}") from None
-        if not isinstance(body, dict) or not isinstance(body.get(JOBS), list):
+        if not isinstance(body, dict):
+            raise Refused(400, "the body must be a JSON object")
+        return body
+
+    def _jobs(self, request) -> list:
+        body = self._body(request)
+        if not isinstance(body.get(JOBS), list):
             raise Refused(400, f'the body must be a JSON object {{"{JOBS}": [...]}}')
         return body[JOBS]
+
+    def frontier_step(self, scope: CrawlScope, step: dict) -> dict:
+        """Thread: one step of a worker, scoped to its job's crawl (the store's FrontierStore.step)."""
+        from scrapyd_pgqueue.store.frontier import FrontierStore
+
+        frontier = FrontierStore.for_engine(self.store.engine)
+        if scope.row_id is None:
+            raise Refused(403, "the frontier serves crawls of the queue only")
+        if scope.crawl is None:
+            scope.crawl = frontier.crawl_of(scope.row_id)
+            if scope.crawl is None:
+                raise Refused(409, f"job '{scope.job}' is not running")
+        done = frontier.step(scope.crawl, scope.row_id, **step)
+        return {"status": "ok", STORED: done.stored, DUPLICATES: done.duplicates, OPEN: done.crawl_open,
+                LEASED: [{ID: r.id, REQUEST: base64.b64encode(r.request).decode()} for r in done.leased]}
 
     def schedule(self, scope: CrawlScope, objects: list) -> dict:
         """Thread: check and store the jobs of one crawl's request, in its scope."""
@@ -222,6 +263,38 @@ class CrawlApi(resource.Resource):
     def _write(self, request, code: int, data: dict) -> None:
         request.write(self._answer(request, code, data))
         request.finish()
+
+
+MAX_LEASE = 1000  # requests one step may lease
+
+
+def frontier_step_of(body: dict) -> dict:
+    """The arguments of FrontierStore.step from a worker's step (Refused 400 with the reason)."""
+    from scrapyd_pgqueue.store.frontier import NewRequest
+
+    def integers(name: str) -> list[int]:
+        values = body.get(name, [])
+        if not isinstance(values, list) or not all(type(value) is int for value in values):
+            raise Refused(400, f"{name} must be a list of request ids")
+        return values
+
+    lease = body.get(LEASE, 0)
+    if type(lease) is not int or not 0 <= lease <= MAX_LEASE:
+        raise Refused(400, f"{LEASE} must be an integer from 0 to {MAX_LEASE}")
+    failed = body.get(FAILED, [])
+    if not isinstance(failed, list) or not all(
+            isinstance(f, list) and len(f) == 2 and type(f[0]) is int and isinstance(f[1], str) for f in failed):
+        raise Refused(400, f"{FAILED} must be a list of [request id, error]")
+    new = body.get(NEW, [])
+    if not isinstance(new, list):
+        raise Refused(400, f"{NEW} must be a list of requests")
+    try:
+        requests = [NewRequest(None if r[FINGERPRINT] is None else base64.b64decode(r[FINGERPRINT], validate=True),
+                               int(r[PRIORITY]), str(r[SLOT]), base64.b64decode(r[REQUEST], validate=True))
+                    for r in new]
+    except (TypeError, KeyError, ValueError, binascii.Error) as e:
+        raise Refused(400, f"{NEW}: each request needs {FINGERPRINT}, {PRIORITY}, {SLOT} and {REQUEST} ({e})") from None
+    return {"new": requests, "done": integers(DONE), "failed": [tuple(f) for f in failed], "lease": lease}
 
 
 def peer_pid(request) -> int | None:

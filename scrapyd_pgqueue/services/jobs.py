@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from twisted.web import error, http, resource, server, static
 
 from scrapyd_pgqueue import config as pgconfig
+from scrapyd_pgqueue.crawl_process.crawl_node import FRONTIER_SCHEDULER
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
 from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.database.db import DatabaseError
@@ -363,5 +364,18 @@ class Schedule(DatabaseService):
         if version is not None:
             message["_version"] = version
         message.update(name=spider, settings=dict(s.split("=", 1) for s in setting), _job=jobid)
+        if options.workers is not None:
+            return self.schedule_crawl(project, message, priority, options)
         enqueued = JobStore.for_settings(self.settings).enqueue(project, message, priority, options)
         return {"jobid": enqueued.job, **({"existing": True} if enqueued.existing else {})}
+
+    def schedule_crawl(self, project: str, message: dict, priority: float, options) -> dict:
+        """A crawl of ``_workers`` jobs sharing one frontier: answered as the first job's (the crawl's id), with
+        every worker's."""
+        if options.workers > self.settings.max_workers:
+            raise RefusedJob(f"_workers must be at most {self.settings.max_workers} (max_workers), not "
+                             f"{options.workers}")
+        message["settings"] = {**message["settings"], "SCHEDULER": FRONTIER_SCHEDULER}
+        jobs = JobStore.for_settings(self.settings).enqueue_crawl(project, message, priority, options, options.workers)
+        return {"jobid": jobs[0].job, "workers": [job.job for job in jobs],
+                **({"existing": True} if jobs[0].existing else {})}

@@ -26,6 +26,7 @@ One module per concern:
 - ``all_jobs``: every node's jobs, for the services, the pages and the CLI: status, lists, counts, cancel, logs
   (``AllJobsStore``).
 - ``operator``: the operator command's queries (``OperatorQueries``, in ``AllJobsStore``).
+- ``frontier``: the requests of a crawl spread over workers: stored deduplicated, leased, done (``FrontierStore``).
 - ``eggs``: project eggs (``EggStore``).
 - ``maintenance``: a VACUUM of the queue table when it is due, by the nodes that finish crawls (``QueueMaintenance``).
 - ``overview``: bounded views of the whole cluster for the dashboard and /metrics (``OverviewStore``).

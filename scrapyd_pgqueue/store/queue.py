@@ -5,16 +5,16 @@ jobs, notify; ``JobStore``, which also holds how jobs end (``finishing.JobEnds``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from scrapyd_pgqueue.database import db, waits
 from scrapyd_pgqueue.database.connection_pool import Engine
 from scrapyd_pgqueue.database.sql import text
 from scrapyd_pgqueue.job_rules.options import ERROR, NO_OPTIONS, JobOptions
-from scrapyd_pgqueue.store import enqueue, staging, trees
+from scrapyd_pgqueue.store import enqueue, frontier, staging, trees
 from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, ClaimedJob, Enqueued, StorePerEngine, database_errors
 from scrapyd_pgqueue.store.finishing import JobEnds
 from scrapyd_pgqueue.store.nodes import NodeLeases
@@ -95,7 +95,7 @@ CLEAR_PENDING = text("DELETE FROM spider_job WHERE status IN ('delayed', 'pendin
 # --- operations ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Claim:
     """A claim's jobs, how many delayed jobs it found due (pending now, and claimable by the same claim), and in how
     many seconds the next delayed job is due (None: none waits; 0 or less: more were due than one claim promotes)."""
@@ -142,6 +142,25 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
         A unique key with ``on_conflict="error"`` held by a waiting job refuses the whole batch (DuplicateJobError).
         """
         return self._enqueue(project, enqueue.job_rows(project, jobs, numbered=True))
+
+    @database_errors
+    def enqueue_crawl(self, project: str, message: dict[str, Any], priority: float, options: JobOptions,
+                      workers: int) -> list[Enqueued]:
+        """One crawl of ``workers`` jobs sharing a frontier, all or none: the first job is the crawl (its id is the
+        crawl's), the others its children, ``<job>-2`` to ``<job>-N``, so that the tree's completion, cancel and
+        view are the crawl's."""
+        first = enqueue.job_rows(project, [(message, priority, options)], numbered=False)
+        with db.transaction(self.engine) as connection:
+            [crawl] = self._store_rows(connection, project, first, StoreSteps.of(first))
+            if crawl.existing:  # its unique key is a waiting crawl's: that crawl, unchanged
+                return [crawl]
+            child = dataclasses.replace(options, parent=crawl.job, unique_key=None, unique_scope="waiting",
+                                        on_complete=None, on_complete_args=None)
+            rows = enqueue.job_rows(project, [({**message, "_job": f"{crawl.job}-{n}"}, priority, child)
+                                              for n in range(2, workers + 1)], numbered=True)
+            jobs = [crawl, *(self._store_rows(connection, project, rows, StoreSteps.of(rows)) if rows else [])]
+            connection.execute(frontier.JOIN_CRAWL, {"crawl": crawl.id, "ids": [job.id for job in jobs]})
+        return jobs
 
     @database_errors
     def parents_outside_tree(self, project: str, parents: list[str], row_id: int) -> list[str]:

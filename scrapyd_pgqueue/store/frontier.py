@@ -1,0 +1,153 @@
+"""The frontier: one crawl's requests, shared by its workers (jobs whose ``crawl`` names the crawl's first row).
+
+A request is leased, never popped: a worker takes a few, and each stays ``leased`` by that worker's job until the
+worker reports it done (its callback's output stored in the same transaction) or failed. A worker's job that leaves
+``ongoing`` for any reason gives its leases back (the trigger ``spider_job_worker_left``, migration 0019), so a
+worker that dies loses nothing. Deduplication is the database's: a unique index on (crawl, fingerprint), the
+enqueue's ON CONFLICT target. A crawl is open while it has a ready request or a worker holds one: its end is the
+moment both are gone, which the statement that acknowledges the last request decides.
+
+The store handles requests as bytes (the crawl serialises them) with their fingerprint, priority and download slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.store.base import StorePerEngine, database_errors
+
+# --- queries ---------------------------------------------------------------------------------------------------
+
+# A batch of new requests, deduplicated against every request the crawl ever stored (crawl_request_seen_idx): one
+# statement, the rows inserted in the batch's order (ids are the FIFO order among equal priorities). A NULL
+# fingerprint (dont_filter) never conflicts. Its row count is the requests kept; the rest were duplicates.
+STORE_REQUESTS = text("""
+    INSERT INTO crawl_request (crawl, fingerprint, priority, slot, request)
+    SELECT :crawl, r.fingerprint, r.priority, r.slot, r.request
+    FROM unnest(CAST(:fingerprints AS bytea[]), CAST(:priorities AS integer[]), CAST(:slots AS text[]),
+                CAST(:requests AS bytea[])) WITH ORDINALITY AS r(fingerprint, priority, slot, request, n)
+    ORDER BY r.n
+    ON CONFLICT (crawl, fingerprint) DO NOTHING
+""")
+
+# A worker leases the crawl's next ready requests: the head of crawl_request_ready_idx (highest priority, then first
+# stored), LIMIT the room in its buffer. SKIP LOCKED: workers leasing at once take different requests, none waits.
+# RETURNING gives no order: the caller sorts by (priority desc, id).
+LEASE_REQUESTS = text("""
+    UPDATE crawl_request AS r SET status = 'leased', leased_by = :worker, attempts = r.attempts + 1
+    FROM (
+        SELECT id FROM crawl_request
+        WHERE crawl = :crawl AND status = 'ready'
+        ORDER BY priority DESC, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ) AS next
+    WHERE r.id = next.id
+    RETURNING r.id, r.priority, r.request
+""")
+
+# Requests a worker has done: only its own leases (a request given back and leased by another meanwhile is theirs).
+# The request's bytes go; the row and its fingerprint stay to deduplicate.
+FINISH_REQUESTS = text("""
+    UPDATE crawl_request SET status = 'done', request = NULL, done_time = now()
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND crawl = :crawl AND leased_by = :worker AND status = 'leased'
+""")
+
+# Requests that failed past Scrapy's retries, with their error; the request is kept, for an operator to look at.
+FAIL_REQUESTS = text("""
+    UPDATE crawl_request AS r SET status = 'failed', error = f.error, done_time = now()
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS f(id, error)
+    WHERE r.id = f.id AND r.crawl = :crawl AND r.leased_by = :worker AND r.status = 'leased'
+""")
+
+# Whether the crawl still has work: a ready request, or one a worker holds. Two probes of the partial indexes.
+CRAWL_OPEN = text("""
+    SELECT EXISTS (SELECT 1 FROM crawl_request WHERE crawl = :crawl AND status = 'ready')
+        OR EXISTS (SELECT 1 FROM crawl_request WHERE crawl = :crawl AND status = 'leased')
+""")
+
+# The crawl's requests by status, for crawl.json: one pass over the crawl's rows.
+COUNT_REQUESTS = text("SELECT status, count(*) FROM crawl_request WHERE crawl = :crawl GROUP BY status")
+
+# A crawl's jobs, all stored in the caller's transaction: each a worker of the crawl (its first job's row).
+JOIN_CRAWL = text("UPDATE spider_job SET crawl = :crawl WHERE id = ANY(CAST(:ids AS bigint[]))")
+
+# The crawl of a running job that uses the frontier: its own when it is no worker of another (a project that names
+# the frontier scheduler in its settings makes each of its crawls a crawl of one worker). None: not running.
+CRAWL_OF_RUNNING_JOB = text("""
+    UPDATE spider_job SET crawl = coalesce(crawl, id) WHERE id = :row_id AND status = 'ongoing' RETURNING crawl
+""")
+
+# --- operations ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    fingerprint: bytes | None  # None: dont_filter
+    priority: int
+    slot: str
+    request: bytes
+
+
+@dataclass(frozen=True)
+class LeasedRequest:
+    id: int
+    priority: int
+    request: bytes
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a worker's step did: requests stored (the rest of its new ones were duplicates), the requests it leased
+    in order, and whether the crawl still has work."""
+
+    stored: int
+    duplicates: int
+    leased: list[LeasedRequest]
+    crawl_open: bool
+
+
+class FrontierStore(StorePerEngine):
+    """The requests of crawls spread over workers, over one database."""
+
+    @database_errors
+    def step(self, crawl: int, worker: int, new: Sequence[NewRequest] = (), done: Sequence[int] = (),
+             failed: Sequence[tuple[int, str]] = (), lease: int = 0) -> Step:
+        """One worker's step, all or none: store its new requests, then mark the requests whose output they are
+        done (or failed), then lease up to ``lease`` more. A worker that dies between steps loses nothing: what it
+        leased goes back, what it stored stays."""
+        scope = {"crawl": crawl, "worker": worker}
+        with db.transaction(self.engine) as connection:
+            stored = 0
+            if new:
+                stored = connection.execute(STORE_REQUESTS, {
+                    **scope, "fingerprints": [r.fingerprint for r in new], "priorities": [r.priority for r in new],
+                    "slots": [r.slot for r in new], "requests": [r.request for r in new]}).rowcount
+            if done:
+                connection.execute(FINISH_REQUESTS, {**scope, "ids": list(done)})
+            if failed:
+                connection.execute(FAIL_REQUESTS, {**scope, "ids": [i for i, _ in failed],
+                                                   "errors": [error for _, error in failed]})
+            leased = []
+            if lease > 0:
+                rows = connection.execute(LEASE_REQUESTS, {**scope, "limit": lease}).fetchall()
+                leased = sorted((LeasedRequest(row.id, row.priority, bytes(row.request)) for row in rows),
+                                key=lambda r: (-r.priority, r.id))
+            crawl_open = bool(leased) or connection.execute(CRAWL_OPEN, scope).scalar()
+        return Step(stored, len(new) - stored, leased, crawl_open)
+
+    @database_errors
+    def crawl_of(self, row_id: int) -> int | None:
+        """The crawl the running job ``row_id`` works for (its own, from now on, when it was no worker of one)."""
+        with db.autocommit(self.engine) as connection:
+            return connection.execute(CRAWL_OF_RUNNING_JOB, {"row_id": row_id}).scalar()
+
+    @database_errors
+    def counts(self, crawl: int) -> dict[str, int]:
+        """The crawl's requests by status: ready, leased, done, failed (each present, 0 when none)."""
+        with db.autocommit(self.engine) as connection:
+            found = dict(connection.execute(COUNT_REQUESTS, {"crawl": crawl}).fetchall())
+        return {status: found.get(status, 0) for status in ("ready", "leased", "done", "failed")}

@@ -1,0 +1,98 @@
+"""One crawl on many workers, end to end: real nodes run the example project's ``site`` spider as ``_workers=N`` jobs
+sharing one frontier, over a generated site on loopback whose pages link to each other many times over.
+
+The measures are the site's own count of requests per page, the crawls' records (pages.jsonl: which job fetched
+which page; ends.jsonl: each worker's close and its reason), and the frontier's rows.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+
+from scrapy import Request
+from scrapy.utils.request import fingerprint
+
+from helpers import SiteServer, ends, query, wait_for
+from scrapyd_pgqueue.frontier import Scheduler
+
+CONFIG = {"max_proc": "2", "finished_to_keep": "1000"}
+
+
+def wide_site(pages: int) -> dict[str, list[str]]:
+    """A site of ``pages`` pages, all reachable from page 0, each linked from several others: page i links to
+    2i+1 and 2i+2 (a tree), to its parent and to one more page across the site."""
+    return {str(i): [str(j) for j in (2 * i + 1, 2 * i + 2, i // 2, (7 * i + 3) % pages) if j < pages]
+            for i in range(pages)}
+
+
+def pages(tmp_path) -> list[dict]:
+    path = tmp_path / "records" / "pages.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def terminated(url, jobs) -> bool:
+    rows = query(url, "SELECT count(*) FROM spider_job WHERE job = ANY(%s) AND status = 'terminated'", (jobs,))
+    return rows[0][0] == len(jobs)
+
+
+def test_a_crawl_of_three_workers_fetches_every_page_once_and_all_close_finished(database_url, start_cluster,
+                                                                                  tmp_path):
+    links = wide_site(200)
+    cluster = start_cluster(database_url, 2, **CONFIG)
+    with SiteServer(links, delay=0.2) as site:  # pages that take a while: the workers share them
+        answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="big",
+                                       site=site.url, _workers="3")
+        assert answer["status"] == "ok", answer
+        assert answer["jobid"] == "big" and answer["workers"] == ["big", "big-2", "big-3"]
+        wait_for(lambda: terminated(database_url, answer["workers"]), 120, "the crawl's workers to end")
+
+    # Every page reachable from the home page fetched, none twice (the home page is each worker's start request,
+    # stored once for the crawl), as the site counted them and as the crawls recorded them.
+    assert set(site.requests) == set(links) and set(site.requests.values()) == {1}, site.requests
+    fetched = collections.Counter(record["page"] for record in pages(tmp_path))
+    assert fetched == collections.Counter(set(links))
+    by_worker = collections.Counter(record["job"] for record in pages(tmp_path))
+    assert len(by_worker) >= 2, by_worker  # the crawl was spread
+    # Each worker closed with finished, once the frontier had nothing ready or held.
+    assert sorted((end["job"], end["reason"]) for end in ends(tmp_path)) == [
+        ("big", "finished"), ("big-2", "finished"), ("big-3", "finished")]
+    assert query(database_url, "SELECT status, count(*) FROM crawl_request GROUP BY status") == [
+        ("done", len(links))]
+    assert query(database_url, "SELECT job, outcome, crawl = (SELECT id FROM spider_job WHERE job = 'big') "
+                               "FROM spider_job ORDER BY job") == [
+        ("big", "finished", True), ("big-2", "finished", True), ("big-3", "finished", True)]
+
+
+def test_a_worker_killed_mid_crawl_loses_no_page_and_only_what_it_held_is_fetched_again(database_url, start_cluster,
+                                                                                        tmp_path):
+    links = wide_site(300)
+    cluster = start_cluster(database_url, 2, **CONFIG)  # 3 workers, 2 slots a node: each node runs one at least
+    with SiteServer(links, delay=0.3) as site:
+        answer = cluster.nodes[1].post("schedule.json", project="example", spider="site", jobid="big",
+                                       site=site.url, _workers="3")
+        assert answer["status"] == "ok", answer
+        wait_for(lambda: len(pages(tmp_path)) >= len(links) // 4, 60, "a quarter of the site")
+        latest = pages(tmp_path)[-1]["node"]  # a node whose worker is fetching now
+        victim = next(node for node in cluster.nodes if node.name == latest)
+        os.killpg(victim.process.pid, signal.SIGKILL)  # the node and its crawls, with no goodbye
+        wait_for(lambda: terminated(database_url, answer["workers"]), 180, "the crawl's workers to end")
+
+    # No page lost; a page downloaded twice was held by a killed worker: its lease went back to the crawl when its
+    # job was recovered (the frontier counts each request's leases), and a killed worker held a few at most.
+    assert set(site.requests) == set(links)
+    assert set(collections.Counter(record["page"] for record in pages(tmp_path))) == set(links)
+    leases = {bytes(fp): attempts for fp, attempts in query(database_url,
+                                                            "SELECT fingerprint, attempts FROM crawl_request")}
+    leased_again = {page for page in links
+                    if leases[fingerprint(Request(f"{site.url}/section/{page}"))] > 1}
+    downloaded_again = {page for page, count in site.requests.items() if count > 1}
+    assert leased_again, "the killed node's workers held no request"
+    assert downloaded_again <= leased_again and max(site.requests.values()) <= 2, site.requests
+    assert len(leased_again) <= 2 * Scheduler.lease_size_for(16)  # what two killed workers could hold
+    # Every worker ended finished: the killed ones ran again and rejoined the crawl (or found it done).
+    assert query(database_url, "SELECT DISTINCT outcome FROM spider_job") == [("finished",)]
+    assert query(database_url, "SELECT status, count(*) FROM crawl_request GROUP BY status") == [
+        ("done", len(links))]
