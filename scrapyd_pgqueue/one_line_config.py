@@ -47,6 +47,7 @@ SERVICES = {
     "pauseperiodic.json": "scrapyd_pgqueue.services.schedules.PausePeriodic",
     "resumeperiodic.json": "scrapyd_pgqueue.services.schedules.ResumePeriodic",
     "tree.json": "scrapyd_pgqueue.services.trees.Tree",
+    "crawl.json": "scrapyd_pgqueue.services.crawls.Crawl",
     "stats.json": "scrapyd_pgqueue.services.stats.JobStats",
     "alive.json": "scrapyd_pgqueue.services.jobs.Alive",
     # Scrapyd's own, answering off the reactor: they read the eggs in the database.

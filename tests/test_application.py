@@ -88,7 +88,7 @@ def test_a_node_with_one_line_runs_an_egg_deployed_through_addversion(database_u
     # No [settings], no component: the example project exists only as the deployed egg, in the database.
     (node,) = start_cluster(database_url, 1, base_config=ONE_LINE_NODE).nodes
     deployed = node.post("addversion.json", project="deployed", version="1", egg=egg.read_bytes())
-    assert deployed["status"] == "ok" and deployed["spiders"] == 4, deployed
+    assert deployed["status"] == "ok" and deployed["spiders"] == 5, deployed
     answer = node.post("schedule.json", project="deployed", spider="quotes", jobid="from-egg")
     assert answer["status"] == "ok", answer
     wait_for(lambda: jobs(database_url, "from-egg")["from-egg"][:2] == ("terminated", "finished"), 60,

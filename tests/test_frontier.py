@@ -64,6 +64,15 @@ def test_a_crawl_of_three_workers_fetches_every_page_once_and_all_close_finished
     assert query(database_url, "SELECT job, outcome, crawl = (SELECT id FROM spider_job WHERE job = 'big') "
                                "FROM spider_job ORDER BY job") == [
         ("big", "finished", True), ("big-2", "finished", True), ("big-3", "finished", True)]
+    # Any node answers for the crawl: its frontier, the duplicates its workers dropped, each worker.
+    view = cluster.nodes[1].get("crawl.json", project="example", crawl="big")
+    links_found = sum(len(targets) for targets in links.values()) + 3  # every link, and each worker's start
+    assert view == {**view, "status": "ok", "crawl": "big", "queued": 0, "in_flight": 0, "done": len(links),
+                    "failed": 0, "duplicates": links_found - len(links), "pages_per_minute": len(links)}
+    assert [(worker["id"], worker["state"], worker["outcome"]) for worker in view["workers"]] == [
+        ("big", "finished", "finished"), ("big-2", "finished", "finished"), ("big-3", "finished", "finished")]
+    assert cluster.nodes[1].get("crawl.json", project="example", crawl="big-2") == {
+        "node_name": "node2", "status": "error", "message": "crawl 'big-2' not found in project 'example'"}
 
 
 def test_a_worker_killed_mid_crawl_loses_no_page_and_only_what_it_held_is_fetched_again(database_url, start_cluster,
@@ -96,3 +105,33 @@ def test_a_worker_killed_mid_crawl_loses_no_page_and_only_what_it_held_is_fetche
     assert query(database_url, "SELECT DISTINCT outcome FROM spider_job") == [("finished",)]
     assert query(database_url, "SELECT status, count(*) FROM crawl_request GROUP BY status") == [
         ("done", len(links))]
+
+
+def test_a_cancelled_crawl_leaves_nothing_running_and_no_request_held(database_url, start_cluster, tmp_path):
+    links = wide_site(300)
+    cluster = start_cluster(database_url, 2, **CONFIG)
+    with SiteServer(links, delay=1.0) as site:
+        answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="big",
+                                       site=site.url, _workers="3")
+        wait_for(lambda: len({record["job"] for record in pages(tmp_path)}) >= 2, 60, "two workers fetching")
+        cancel = cluster.nodes[1].post("cancel.json", project="example", job="big", _tree="1")
+        assert cancel["status"] == "ok", cancel
+        wait_for(lambda: terminated(database_url, answer["workers"]), 60, "every worker to end")
+    assert query(database_url, "SELECT DISTINCT outcome FROM spider_job") == [("cancelled",)]
+    assert len(pages(tmp_path)) < len(links)  # stopped before the end of the site
+    # Nothing of the crawl is held by a worker; what was not fetched stays ready, never handed out again.
+    statuses = dict(query(database_url, "SELECT status, count(*) FROM crawl_request GROUP BY status"))
+    assert "leased" not in statuses and statuses["ready"] > 0, statuses
+
+
+def test_workers_out_of_range_or_not_a_number_are_refused_as_scrapyd_refuses(database_url, start_cluster):
+    node, = start_cluster(database_url, 1, max_workers="4").nodes
+    for value, message in (("0", "workers must be at least 1, not 0"), ("5", "_workers must be at most 4 "
+                           "(max_workers), not 5"), ("two", "workers must be an integer, not 'two'")):
+        answer = node.post("schedule.json", project="example", spider="site", site="http://127.0.0.1:9",
+                           _workers=value)
+        assert answer["status"] == "error" and message in answer["message"], answer
+    batch = {"project": "example", "jobs": [{"spider": "site", "args": {"site": "http://127.0.0.1:9"}, "workers": 2}]}
+    answer = node.post_json("schedule_batch.json", batch)
+    assert answer["status"] == "error" and "unknown keys ['workers']" in answer["message"], answer
+    assert query(database_url, "SELECT count(*) FROM spider_job") == [(0,)]

@@ -115,7 +115,7 @@ def test_addversion_takes_an_egg_up_to_max_egg_bytes(node, egg, tmp_path):
     assert MAX_REQUEST_BYTES < padded.stat().st_size < MAX_EGG_BYTES
     answer = requests.post(f"{node.url}addversion.json", data={"project": "padded", "version": "1"},
                            files={"egg": ("project.egg", padded.read_bytes())}, timeout=60).json()
-    assert answer["status"] == "ok" and answer["project"] == "padded" and answer["spiders"] == 4, answer
+    assert answer["status"] == "ok" and answer["project"] == "padded" and answer["spiders"] == 5, answer
     assert "padded" in node.get("listprojects.json")["projects"]
 
 

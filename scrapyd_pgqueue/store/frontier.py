@@ -69,8 +69,26 @@ CRAWL_OPEN = text("""
         OR EXISTS (SELECT 1 FROM crawl_request WHERE crawl = :crawl AND status = 'leased')
 """)
 
-# The crawl's requests by status, for crawl.json: one pass over the crawl's rows.
-COUNT_REQUESTS = text("SELECT status, count(*) FROM crawl_request WHERE crawl = :crawl GROUP BY status")
+# The crawl's requests by status, and those done in the last minute (its pace): one pass over the crawl's rows.
+COUNT_REQUESTS = text("""
+    SELECT count(*) FILTER (WHERE status = 'ready') AS ready, count(*) FILTER (WHERE status = 'leased') AS leased,
+           count(*) FILTER (WHERE status = 'done') AS done, count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status = 'done' AND done_time > now() - interval '1 minute') AS done_last_minute
+    FROM crawl_request WHERE crawl = :crawl
+""")
+
+# The crawl named by its first worker's job id: the newest such row of the project (a job id may be used again once
+# its job ended). Reads spider_job_job_idx.
+FIND_CRAWL = text("""
+    SELECT id FROM spider_job WHERE job = :job AND project = :project AND crawl = id ORDER BY id DESC LIMIT 1
+""")
+
+# The crawl's workers in the order they were scheduled, each with the duplicates its Scrapy counted
+# (dupefilter/filtered: the requests the frontier already had). Reads spider_job_crawl_idx.
+CRAWL_WORKERS = text("""
+    SELECT job, status, outcome, node, coalesce(CAST(stats->>'dupefilter/filtered' AS bigint), 0) AS duplicates
+    FROM spider_job WHERE crawl = :crawl ORDER BY id
+""")
 
 # A crawl's jobs, all stored in the caller's transaction: each a worker of the crawl (its first job's row).
 JOIN_CRAWL = text("UPDATE spider_job SET crawl = :crawl WHERE id = ANY(CAST(:ids AS bigint[]))")
@@ -108,6 +126,23 @@ class Step:
     duplicates: int
     leased: list[LeasedRequest]
     crawl_open: bool
+
+
+@dataclass(frozen=True)
+class Worker:
+    job: str
+    status: str
+    outcome: str | None
+    node: str | None
+    duplicates: int  # requests its Scrapy found already in the frontier
+
+
+@dataclass(frozen=True)
+class CrawlView:
+    crawl: str  # the first worker's job id
+    requests: dict[str, int]  # by status: ready, leased, done, failed
+    done_last_minute: int
+    workers: list[Worker]
 
 
 class FrontierStore(StorePerEngine):
@@ -149,5 +184,17 @@ class FrontierStore(StorePerEngine):
     def counts(self, crawl: int) -> dict[str, int]:
         """The crawl's requests by status: ready, leased, done, failed (each present, 0 when none)."""
         with db.autocommit(self.engine) as connection:
-            found = dict(connection.execute(COUNT_REQUESTS, {"crawl": crawl}).fetchall())
-        return {status: found.get(status, 0) for status in ("ready", "leased", "done", "failed")}
+            row = connection.execute(COUNT_REQUESTS, {"crawl": crawl}).one()
+        return {"ready": row.ready, "leased": row.leased, "done": row.done, "failed": row.failed}
+
+    @database_errors
+    def crawl(self, project: str, job: str) -> CrawlView | None:
+        """The crawl whose first worker is job ``job`` of ``project``; None when there is none."""
+        with db.autocommit(self.engine) as connection:
+            crawl = connection.execute(FIND_CRAWL, {"project": project, "job": job}).scalar()
+            if crawl is None:
+                return None
+            requests = connection.execute(COUNT_REQUESTS, {"crawl": crawl}).one()
+            workers = [Worker(**row._asdict()) for row in connection.execute(CRAWL_WORKERS, {"crawl": crawl})]
+        return CrawlView(job, {"ready": requests.ready, "leased": requests.leased, "done": requests.done,
+                               "failed": requests.failed}, requests.done_last_minute, workers)
