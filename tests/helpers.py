@@ -294,15 +294,21 @@ def generate_site(seed: int, depth: int, fanout: int) -> dict[str, list[str]]:
 
 class SiteServer:
     """The generated site on loopback (a thread of this process): ``/section/<id>`` is a page linking to its
-    sections with ``<a class="section">``, answered after ``delay`` seconds; ``requests`` counts them by section."""
+    sections with ``<a class="section">``, answered after ``delay`` seconds; ``requests`` counts them by section,
+    ``most_at_once`` is the most it ever answered at the same time."""
 
-    def __init__(self, links: dict[str, list[str]], delay: float = 0.0):
+    def __init__(self, links: dict[str, list[str]], delay: float = 0.0, host: str = "127.0.0.1",
+                 locate=lambda section: f"/section/{section}"):
+        """``host``: the loopback address it answers on (127.0.0.2 is another host to a crawler); ``locate``: a
+        section's URL in a page's links (relative by default; absolute for a site spread over several hosts)."""
         import collections
         import http.server
         import threading
 
         self.links, self.delay = links, delay
         self.requests: collections.Counter = collections.Counter()
+        self.at_once = self.most_at_once = 0
+        counting = threading.Lock()
         site = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -311,9 +317,14 @@ class SiteServer:
                 if not self.path.startswith("/section/") or section not in site.links:
                     self.send_error(404)
                     return
-                site.requests[section] += 1
+                with counting:
+                    site.requests[section] += 1
+                    site.at_once += 1
+                    site.most_at_once = max(site.most_at_once, site.at_once)
                 time.sleep(site.delay)
-                anchors = "".join(f'<a class="section" href="/section/{s}">{s}</a>' for s in site.links[section])
+                with counting:  # before the answer leaves: its client's next request can never overlap it
+                    site.at_once -= 1
+                anchors = "".join(f'<a class="section" href="{locate(s)}">{s}</a>' for s in site.links[section])
                 body = f"<html><body><h1>Section {section}</h1>{anchors}</body></html>".encode()
                 try:
                     self.send_response(200)
@@ -327,9 +338,9 @@ class SiteServer:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> "SiteServer":

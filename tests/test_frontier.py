@@ -8,6 +8,7 @@ which page; ends.jsonl: each worker's close and its reason), and the frontier's 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,21 @@ def wide_site(pages: int) -> dict[str, list[str]]:
             for i in range(pages)}
 
 
+@contextlib.contextmanager
+def site_on_hosts(links: dict[str, list[str]], hosts: int, delay: float):
+    """The site spread over ``hosts`` loopback addresses (127.0.0.2 and up), page i on host i mod ``hosts``: each a
+    download slot of its own to a crawler. Yields the servers (the first serves the home page) and each page's count
+    of requests, all hosts together."""
+    urls: dict[int, str] = {}
+    servers = [SiteServer(links, delay, host=f"127.0.0.{2 + h}",
+                          locate=lambda page: f"{urls[int(page) % hosts]}/section/{page}") for h in range(hosts)]
+    urls.update(enumerate(server.url for server in servers))
+    with contextlib.ExitStack() as stack:
+        for server in servers:
+            stack.enter_context(server)
+        yield servers, lambda: sum((server.requests for server in servers), collections.Counter())
+
+
 def pages(tmp_path) -> list[dict]:
     path = tmp_path / "records" / "pages.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -42,16 +58,16 @@ def test_a_crawl_of_three_workers_fetches_every_page_once_and_all_close_finished
                                                                                   tmp_path):
     links = wide_site(200)
     cluster = start_cluster(database_url, 2, **CONFIG)
-    with SiteServer(links, delay=0.2) as site:  # pages that take a while: the workers share them
+    with site_on_hosts(links, 4, delay=0.2) as (servers, requests):  # pages that take a while, on 4 hosts
         answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="big",
-                                       site=site.url, _workers="3")
+                                       site=servers[0].url, _workers="3")
         assert answer["status"] == "ok", answer
         assert answer["jobid"] == "big" and answer["workers"] == ["big", "big-2", "big-3"]
         wait_for(lambda: terminated(database_url, answer["workers"]), 120, "the crawl's workers to end")
 
     # Every page reachable from the home page fetched, none twice (the home page is each worker's start request,
     # stored once for the crawl), as the site counted them and as the crawls recorded them.
-    assert set(site.requests) == set(links) and set(site.requests.values()) == {1}, site.requests
+    assert set(requests()) == set(links) and set(requests().values()) == {1}, requests()
     fetched = collections.Counter(record["page"] for record in pages(tmp_path))
     assert fetched == collections.Counter(set(links))
     by_worker = collections.Counter(record["job"] for record in pages(tmp_path))
@@ -79,9 +95,9 @@ def test_a_worker_killed_mid_crawl_loses_no_page_and_only_what_it_held_is_fetche
                                                                                         tmp_path):
     links = wide_site(300)
     cluster = start_cluster(database_url, 2, **CONFIG)  # 3 workers, 2 slots a node: each node runs one at least
-    with SiteServer(links, delay=0.3) as site:
+    with site_on_hosts(links, 4, delay=0.3) as (servers, requests):
         answer = cluster.nodes[1].post("schedule.json", project="example", spider="site", jobid="big",
-                                       site=site.url, _workers="3")
+                                       site=servers[0].url, _workers="3")
         assert answer["status"] == "ok", answer
         wait_for(lambda: len(pages(tmp_path)) >= len(links) // 4, 60, "a quarter of the site")
         latest = pages(tmp_path)[-1]["node"]  # a node whose worker is fetching now
@@ -91,15 +107,15 @@ def test_a_worker_killed_mid_crawl_loses_no_page_and_only_what_it_held_is_fetche
 
     # No page lost; a page downloaded twice was held by a killed worker: its lease went back to the crawl when its
     # job was recovered (the frontier counts each request's leases), and a killed worker held a few at most.
-    assert set(site.requests) == set(links)
+    assert set(requests()) == set(links)
     assert set(collections.Counter(record["page"] for record in pages(tmp_path))) == set(links)
     leases = {bytes(fp): attempts for fp, attempts in query(database_url,
                                                             "SELECT fingerprint, attempts FROM crawl_request")}
     leased_again = {page for page in links
-                    if leases[fingerprint(Request(f"{site.url}/section/{page}"))] > 1}
-    downloaded_again = {page for page, count in site.requests.items() if count > 1}
+                    if leases[fingerprint(Request(f"{servers[int(page) % 4].url}/section/{page}"))] > 1}
+    downloaded_again = {page for page, count in requests().items() if count > 1}
     assert leased_again, "the killed node's workers held no request"
-    assert downloaded_again <= leased_again and max(site.requests.values()) <= 2, site.requests
+    assert downloaded_again <= leased_again and max(requests().values()) <= 2, requests()
     assert len(leased_again) <= 2 * Scheduler.lease_size_for(16)  # what two killed workers could hold
     # Every worker ended finished: the killed ones ran again and rejoined the crawl (or found it done).
     assert query(database_url, "SELECT DISTINCT outcome FROM spider_job") == [("finished",)]
@@ -113,7 +129,7 @@ def test_a_cancelled_crawl_leaves_nothing_running_and_no_request_held(database_u
     with SiteServer(links, delay=1.0) as site:
         answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="big",
                                        site=site.url, _workers="3")
-        wait_for(lambda: len({record["job"] for record in pages(tmp_path)}) >= 2, 60, "two workers fetching")
+        wait_for(lambda: len(pages(tmp_path)) >= 5, 60, "the crawl to fetch pages")
         cancel = cluster.nodes[1].post("cancel.json", project="example", job="big", _tree="1")
         assert cancel["status"] == "ok", cancel
         wait_for(lambda: terminated(database_url, answer["workers"]), 60, "every worker to end")
@@ -135,3 +151,16 @@ def test_workers_out_of_range_or_not_a_number_are_refused_as_scrapyd_refuses(dat
     answer = node.post_json("schedule_batch.json", batch)
     assert answer["status"] == "error" and "unknown keys ['workers']" in answer["message"], answer
     assert query(database_url, "SELECT count(*) FROM spider_job") == [(0,)]
+
+
+def test_a_site_never_sees_more_requests_at_once_than_its_per_domain_setting_whatever_the_workers(
+        database_url, start_cluster):
+    links = wide_site(60)
+    cluster = start_cluster(database_url, 2, **CONFIG)
+    with SiteServer(links, delay=0.2) as site:
+        answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="polite",
+                                       site=site.url, _workers="3", setting="CONCURRENT_REQUESTS_PER_DOMAIN=2")
+        assert answer["status"] == "ok", answer
+        wait_for(lambda: terminated(database_url, answer["workers"]), 120, "the crawl's workers to end")
+    assert set(site.requests) == set(links)
+    assert site.most_at_once == 2  # 3 workers, each allowed 2 by Scrapy: the crawl's 2, measured by the site

@@ -118,3 +118,14 @@ def test_a_failed_request_keeps_its_error_and_the_frontier_goes_with_its_crawl(d
         == [("a", "done", None, True), ("b", "failed", "TimeoutError: took longer than 180.0 seconds", False)]
     query(database_url, "DELETE FROM spider_job WHERE id = %s", (crawl,))
     assert query(database_url, "SELECT count(*) FROM crawl_request") == [(0,)]
+
+
+def test_a_download_slot_never_has_more_requests_held_than_its_cap_in_the_whole_crawl(database_url):
+    crawl, second = workers(database_url, 2)
+    frontier = FrontierStore.for_url(database_url)
+    frontier.step(crawl, crawl, new=[new(f"{host}{n}", slot=host) for n in range(4) for host in ("a", "b")])
+    first = frontier.step(crawl, crawl, lease=10, per_slot=2)
+    assert names(first) == ["a0", "b0", "a1", "b1"]  # in order, two of each host
+    assert frontier.step(crawl, second, lease=10, per_slot=2).leased == []  # the crawl holds the cap: none more
+    frontier.step(crawl, crawl, done=[first.leased[0].id])
+    assert names(frontier.step(crawl, second, lease=10, per_slot=2)) == ["a2"]  # one freed, one taken

@@ -44,6 +44,7 @@ from scrapyd_pgqueue.crawl_process.crawl_node import (
     LEASED,
     NEW,
     OPEN,
+    PER_SLOT,
     PRIORITY,
     REQUEST,
     SLOT,
@@ -75,6 +76,8 @@ class Scheduler(BaseScheduler):
         self.crawler, self.stats = crawler, crawler.stats
         self.fingerprinter = crawler.request_fingerprinter
         self.lease_size = self.lease_size_for(crawler.settings.getint("CONCURRENT_REQUESTS", 16))
+        # Scrapy's per-domain cap, held by the frontier for the whole crawl (the workers' leases per download slot).
+        self.per_slot = max(1, crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8))
         self.buffer: deque[Request] = deque()  # leased, not yet handed to the engine
         self.local: deque[Request] = deque()  # retries and redirects of requests this worker holds
         self.held: set[int] = set()  # leased ids handed to the engine, not yet done
@@ -177,7 +180,7 @@ class Scheduler(BaseScheduler):
             return
         body = {NEW: self.new[:MAX_STEP_REQUESTS], DONE: self.done[:MAX_STEP_REQUESTS],
                 FAILED: self.failed[:MAX_STEP_REQUESTS],
-                LEASE: self._room()}
+                LEASE: self._room(), PER_SLOT: self.per_slot}
         del self.new[:MAX_STEP_REQUESTS], self.done[:MAX_STEP_REQUESTS], self.failed[:MAX_STEP_REQUESTS]
         self.stepping, self.sending = True, bool(body[NEW] or body[DONE] or body[FAILED])
         d = threads.deferToThread(crawl_node.frontier_step, body)

@@ -47,6 +47,7 @@ from scrapyd_pgqueue.crawl_process.crawl_node import (
     LEASED,
     NEW,
     OPEN,
+    PER_SLOT,
     PRIORITY,
     REQUEST,
     SCHEDULE_PATH,
@@ -278,9 +279,10 @@ def frontier_step_of(body: dict) -> dict:
             raise Refused(400, f"{name} must be a list of request ids")
         return values
 
-    lease = body.get(LEASE, 0)
-    if type(lease) is not int or not 0 <= lease <= MAX_LEASE:
-        raise Refused(400, f"{LEASE} must be an integer from 0 to {MAX_LEASE}")
+    lease, per_slot = body.get(LEASE, 0), body.get(PER_SLOT, 8)
+    for name, value, least in ((LEASE, lease, 0), (PER_SLOT, per_slot, 1)):
+        if type(value) is not int or not least <= value <= MAX_LEASE:
+            raise Refused(400, f"{name} must be an integer from {least} to {MAX_LEASE}")
     failed = body.get(FAILED, [])
     if not isinstance(failed, list) or not all(
             isinstance(f, list) and len(f) == 2 and type(f[0]) is int and isinstance(f[1], str) for f in failed):
@@ -294,7 +296,8 @@ def frontier_step_of(body: dict) -> dict:
                     for r in new]
     except (TypeError, KeyError, ValueError, binascii.Error) as e:
         raise Refused(400, f"{NEW}: each request needs {FINGERPRINT}, {PRIORITY}, {SLOT} and {REQUEST} ({e})") from None
-    return {"new": requests, "done": integers(DONE), "failed": [tuple(f) for f in failed], "lease": lease}
+    return {"new": requests, "done": integers(DONE), "failed": [tuple(f) for f in failed], "lease": lease,
+            "per_slot": per_slot}
 
 
 def peer_pid(request) -> int | None:

@@ -33,21 +33,37 @@ STORE_REQUESTS = text("""
     ON CONFLICT (crawl, fingerprint) DO NOTHING
 """)
 
-# A worker leases the crawl's next ready requests: the head of crawl_request_ready_idx (highest priority, then first
-# stored), LIMIT the room in its buffer. SKIP LOCKED: workers leasing at once take different requests, none waits.
-# RETURNING gives no order: the caller sorts by (priority desc, id).
+# A crawl's leases are taken one worker at a time (a transaction-scoped advisory lock per crawl): each counts what the
+# crawl's download slots hold, which two workers leasing at once would both count before either wrote.
+LOCK_CRAWL_LEASES = text("SELECT pg_advisory_xact_lock(hashtextextended('crawl_request', :crawl))")
+
+# A worker leases the crawl's next ready requests, LIMIT the room in its downloader, in order (highest priority, then
+# first stored: the head of crawl_request_ready_idx, :scan rows at most), skipping a download slot (a host) once the
+# crawl's workers hold :per_slot of its requests (Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN, for the whole crawl: a
+# request is held until its callback's output is stored, so a slot never has more downloads in flight). What the
+# slots hold is read from crawl_request_leased_idx alone. RETURNING gives no order: the caller sorts.
 LEASE_REQUESTS = text("""
     UPDATE crawl_request AS r SET status = 'leased', leased_by = :worker, attempts = r.attempts + 1
     FROM (
-        SELECT id FROM crawl_request
-        WHERE crawl = :crawl AND status = 'ready'
-        ORDER BY priority DESC, id
+        SELECT head.id FROM (
+            SELECT id, priority, slot, row_number() OVER (PARTITION BY slot ORDER BY priority DESC, id) AS nth
+            FROM (SELECT id, priority, slot FROM crawl_request
+                  WHERE crawl = :crawl AND status = 'ready'
+                  ORDER BY priority DESC, id
+                  LIMIT :scan) AS ready
+        ) AS head
+        LEFT JOIN (SELECT slot, count(*) AS held FROM crawl_request
+                   WHERE crawl = :crawl AND status = 'leased'
+                   GROUP BY slot) AS slots USING (slot)
+        WHERE head.nth <= :per_slot - coalesce(slots.held, 0)
+        ORDER BY head.priority DESC, head.id
         LIMIT :limit
-        FOR UPDATE SKIP LOCKED
     ) AS next
-    WHERE r.id = next.id
+    WHERE r.id = next.id AND r.status = 'ready'
     RETURNING r.id, r.priority, r.request
 """)
+# Ready requests a lease looks at, from the head: past them, requests of other slots wait for a later step.
+LEASE_SCAN = 1000
 
 # Requests a worker has done: only its own leases (a request given back and leased by another meanwhile is theirs).
 # The request's bytes go; the row and its fingerprint stay to deduplicate.
@@ -150,10 +166,10 @@ class FrontierStore(StorePerEngine):
 
     @database_errors
     def step(self, crawl: int, worker: int, new: Sequence[NewRequest] = (), done: Sequence[int] = (),
-             failed: Sequence[tuple[int, str]] = (), lease: int = 0) -> Step:
+             failed: Sequence[tuple[int, str]] = (), lease: int = 0, per_slot: int = 8) -> Step:
         """One worker's step, all or none: store its new requests, then mark the requests whose output they are
-        done (or failed), then lease up to ``lease`` more. A worker that dies between steps loses nothing: what it
-        leased goes back, what it stored stays."""
+        done (or failed), then lease up to ``lease`` more, at most ``per_slot`` held per download slot in the whole
+        crawl. A worker that dies between steps loses nothing: what it leased goes back, what it stored stays."""
         scope = {"crawl": crawl, "worker": worker}
         with db.transaction(self.engine) as connection:
             stored = 0
@@ -168,7 +184,9 @@ class FrontierStore(StorePerEngine):
                                                    "errors": [error for _, error in failed]})
             leased = []
             if lease > 0:
-                rows = connection.execute(LEASE_REQUESTS, {**scope, "limit": lease}).fetchall()
+                connection.execute(LOCK_CRAWL_LEASES, scope)
+                rows = connection.execute(LEASE_REQUESTS, {**scope, "limit": lease, "per_slot": per_slot,
+                                                           "scan": LEASE_SCAN}).fetchall()
                 leased = sorted((LeasedRequest(row.id, row.priority, bytes(row.request)) for row in rows),
                                 key=lambda r: (-r.priority, r.id))
             crawl_open = bool(leased) or connection.execute(CRAWL_OPEN, scope).scalar()

@@ -365,8 +365,9 @@ CREATE TABLE crawl_request (
 CREATE UNIQUE INDEX crawl_request_seen_idx ON crawl_request (crawl, fingerprint);
 -- The lease reads the crawl's ready requests in order: highest priority first, first stored first among equals.
 CREATE INDEX crawl_request_ready_idx ON crawl_request (crawl, priority DESC, id) WHERE status = 'ready';
--- A worker's leases (their release), and whether any worker of the crawl holds one (the crawl's end).
-CREATE INDEX crawl_request_leased_idx ON crawl_request (crawl, leased_by) WHERE status = 'leased';
+-- A worker's leases (their release), whether any worker of the crawl holds one (its end), and what each download slot
+-- holds (the lease's per-slot cap), read from the index alone.
+CREATE INDEX crawl_request_leased_idx ON crawl_request (crawl, leased_by) INCLUDE (slot) WHERE status = 'leased';
 
 
 -- ---------------------------------------------------------------------------------------------------------------

@@ -59,8 +59,10 @@ def upgrade() -> None:
     # The lease reads the crawl's ready requests in order: highest priority first, first stored first among equals.
     op.execute("CREATE INDEX crawl_request_ready_idx ON crawl_request (crawl, priority DESC, id) "
                "WHERE status = 'ready'")
-    # A worker's leases (its release), and whether any worker of the crawl holds one (the crawl's end).
-    op.execute("CREATE INDEX crawl_request_leased_idx ON crawl_request (crawl, leased_by) WHERE status = 'leased'")
+    # A worker's leases (their release), whether any worker of the crawl holds one (its end), and what each
+    # download slot holds (the lease's per-slot cap), read from the index alone.
+    op.execute("CREATE INDEX crawl_request_leased_idx ON crawl_request (crawl, leased_by) INCLUDE (slot) "
+               "WHERE status = 'leased'")
     op.execute("CREATE INDEX spider_job_crawl_idx ON spider_job (crawl) WHERE crawl IS NOT NULL")
     _with_pinned_search_path(RELEASE_FUNCTION)
     op.execute("CREATE TRIGGER spider_job_worker_left AFTER UPDATE OF status ON spider_job FOR EACH ROW "
