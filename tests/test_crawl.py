@@ -7,6 +7,7 @@ End-to-end trees through real nodes are in test_trees.py.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -21,6 +22,7 @@ from scrapyd_pgqueue import cli, crawl
 from scrapyd_pgqueue.crawl_process import crawl_node
 from scrapyd_pgqueue.job_rules.options import JobOptions
 from scrapyd_pgqueue.store import AllJobsStore, JobStore
+from scrapyd_pgqueue.store.frontier import FrontierStore, NewRequest
 
 
 def running_root(database_url) -> int:
@@ -304,3 +306,32 @@ def test_a_child_carries_its_own_tags_or_else_its_spider_s_route(database_url, i
         (tagged, "eu,gpu"), (routed, "browser"), (anywhere, "")]
     with pytest.raises(ValueError, match="_tags: tag 'a b' is not valid"):
         crawl.schedule("page", tags="a b")
+
+
+def frontier_request(name: str) -> dict:
+    encoded = base64.b64encode(name.encode()).decode()
+    return {"fingerprint": encoded, "priority": 0, "slot": "a", "request": encoded}
+
+
+def test_a_frontier_step_reaches_its_own_crawl_only(database_url, in_a_crawl, monkeypatch):
+    # Another crawl of another project, with a request ready.
+    other = JobStore.for_url(database_url).enqueue("q", {"name": "big", "_job": "other"}).id
+    query(database_url, "UPDATE spider_job SET crawl = id WHERE id = %s", (other,))
+    FrontierStore.for_url(database_url).step(other, other, new=[NewRequest(b"x", 0, "a", b"secret request")])
+    [(other_request,)] = query(database_url, "SELECT id FROM crawl_request WHERE crawl = %s", (other,))
+
+    # This crawl (a job using the frontier is its own crawl) stores and leases its own requests, never the other's,
+    # and cannot finish the other crawl's request by naming it.
+    step = crawl_node.frontier_step({"new": [frontier_request("mine")], "done": [other_request], "lease": 5})
+    assert [base64.b64decode(leased["request"]) for leased in step["leased"]] == [b"mine"]
+    assert query(database_url, "SELECT status FROM crawl_request WHERE id = %s", (other_request,)) == [("ready",)]
+    # A forged token is refused, and so is a real token sent by another process than its crawl's.
+    monkeypatch.setattr(crawl_node, "_node", (in_a_crawl.node, in_a_crawl.token[:-4] + "AAAA"))
+    with pytest.raises(crawl_node.NotInACrawlError, match="unknown token"):
+        crawl_node.frontier_step({"lease": 5})
+    code = ("import sys; from scrapyd_pgqueue.crawl_process import crawl_node; crawl_node.set_node(*sys.argv[1:]); "
+            "crawl_node.frontier_step({'lease': 5})")
+    result = subprocess.run([sys.executable, "-c", code, in_a_crawl.node, in_a_crawl.token], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and "is not the calling process's" in result.stderr, result.stderr[-2000:]
+    assert query(database_url, "SELECT count(*) FROM crawl_request WHERE status = 'leased'") == [(1,)]

@@ -14,6 +14,11 @@ stored all or none by the store's ``enqueue_many`` (its tree cap ``tree_max_jobs
 form, 200 ``{"jobs": [{"job": id, "existing": bool}, ...]}``; 400 a refused batch (``index``: the job refused by
 its own checks); 401 a token no running crawl of this node holds, or sent by another process than its crawl's; 403 a parent outside the crawl's tree; 503 the
 database did not answer in ``database_timeout``.
+
+``POST /frontier`` is a frontier worker's step (``scrapyd_pgqueue.frontier``, ``store/frontier.py``): its new
+requests, the requests it has done or failed, and how many it can take. The crawl is always the token's job's (the
+job's own when it is no worker of another): a worker cannot name another crawl, and an id of another crawl's request
+matches nothing. 400 a malformed step, 401 as above, 409 a job that is no longer running.
 """
 
 from __future__ import annotations
