@@ -153,7 +153,7 @@ def test_every_node_reports_a_job_identically_while_pending_running_and_finished
                                     "tags": []}  # a root, which any node may run
     assert pending[0]["listjobs"]["pending"] == [
         {"id": job, "project": "example", "spider": "sleeper", "version": None, "settings": {},
-         "args": {"seconds": "8", "colour": "blue"}, "run_at": None, "tags": []}
+         "args": {"seconds": "8", "colour": "blue"}, "run_at": None, "tags": [], "crawl": None}
     ]
     assert pending[0]["cluster"] == {"pending": 1, "pending_exact": True, "running": 3, "finished": 0, "nodes": 3,
                                      "delayed": 0, "past_due": 0, "dead": 0, "unroutable": 0}
@@ -175,7 +175,7 @@ def test_every_node_reports_a_job_identically_while_pending_running_and_finished
     assert running[0]["status"]["currstate"] == "running"
     assert running_entry["node_name"] == "node2"
     assert set(running_entry) == {"id", "project", "spider", "pid", "start_time", "log_url", "items_url", "node_name",
-                                  "items", "requests", "errors", "finish_reason", "tags"}  # Scrapyd's keys, then ours
+                                  "items", "requests", "errors", "finish_reason", "tags", "crawl"}  # Scrapyd's, ours
     assert running_entry["log_url"] == f"/logs/example/sleeper/{job}.log"
     assert pid_alive(running_entry["pid"])
     assert ScrapydAPI(node1.url).job_status("example", job) == "running"

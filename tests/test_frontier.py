@@ -80,6 +80,9 @@ def test_a_crawl_of_three_workers_fetches_every_page_once_and_all_close_finished
     assert query(database_url, "SELECT job, outcome, crawl = (SELECT id FROM spider_job WHERE job = 'big') "
                                "FROM spider_job ORDER BY job") == [
         ("big", "finished", True), ("big-2", "finished", True), ("big-3", "finished", True)]
+    finished = cluster.nodes[1].get("listjobs.json", project="example")["finished"]
+    assert sorted((entry["id"], entry["crawl"]) for entry in finished) == [
+        ("big", "big"), ("big-2", "big"), ("big-3", "big")]
     # Any node answers for the crawl: its frontier, the duplicates its workers dropped, each worker.
     view = cluster.nodes[1].get("crawl.json", project="example", crawl="big")
     links_found = sum(len(targets) for targets in links.values()) + 3  # every link, and each worker's start

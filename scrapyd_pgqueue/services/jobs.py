@@ -121,6 +121,7 @@ class ListJobs(DatabaseService):
             # A delayed job's due time (ISO 8601, UTC offset); null for a job that runs as soon as a slot frees.
             "run_at": None if job.run_at is None else job.run_at.isoformat(),
             "tags": job.tags,  # what a node needs to run it ([]: any node)
+            "crawl": job.crawl,  # the crawl it is a worker of (_workers), null for a job of its own
         }
 
     def running_entry(self, job):
@@ -135,6 +136,7 @@ class ListJobs(DatabaseService):
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
             "tags": job.tags,
+            "crawl": job.crawl,
             # Its stats as its node last wrote them (every stats_interval); finish_reason comes with its end.
             **stats_summary(job.stats), "finish_reason": None,
         }
@@ -150,6 +152,7 @@ class ListJobs(DatabaseService):
             "items_url": self.root.get_item_url(job),
             "node_name": job.node,
             "tags": job.tags,
+            "crawl": job.crawl,
             "outcome": job.outcome,
             **stats_summary(job.stats),  # items, requests, errors, finish_reason
         }

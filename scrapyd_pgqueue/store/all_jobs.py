@@ -47,6 +47,7 @@ class PendingJob(RequiresTags):
     message: dict[str, Any]
     run_at: datetime.datetime | None = None  # a delayed job's due time
     pool: str = ""  # the tags it requires, joined (store/pools.py)
+    crawl: str | None = None  # the crawl it is a worker of: the crawl's first job id
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class RunningJob(StartedJob):
     worker: str | None
     stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
     pool: str = ""  # the tags it requires, joined (store/pools.py)
+    crawl: str | None = None  # the crawl it is a worker of: the crawl's first job id
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class FinishedJobRow(StartedJob):
     has_log: bool
     stats: dict[str, Any] | None = None  # the keys of its stats that job_stats.stats_summary reads
     pool: str = ""  # the tags it required, joined (store/pools.py)
+    crawl: str | None = None  # the crawl it is a worker of: the crawl's first job id
 
 
 @dataclass(frozen=True)
@@ -142,15 +145,16 @@ class StoredLog:
 # limit.
 MAX_PENDING_OFFSET = 2**62
 PENDING_PAGE = text("""
-    SELECT project, job, message, run_at, pool FROM (
+    SELECT project, job, message, run_at, pool,
+           (SELECT c.job FROM spider_job AS c WHERE c.id = waiting.crawl) AS crawl FROM (
         (SELECT 0 AS part, head.* FROM spider_job_pending_pools() AS pending(pool), LATERAL (
-             SELECT project, job, message, NULL::timestamptz AS run_at, priority, id, pool FROM spider_job
+             SELECT project, job, message, NULL::timestamptz AS run_at, priority, id, pool, crawl FROM spider_job
              WHERE status = 'pending' AND pool = pending.pool
                AND (CAST(:project AS text) IS NULL OR project = :project)
              ORDER BY priority DESC, id LIMIT :offset + :limit) AS head
          ORDER BY head.priority DESC, head.id LIMIT :offset + :limit)
         UNION ALL
-        (SELECT 1, project, job, message, run_at, priority, id, pool FROM spider_job
+        (SELECT 1, project, job, message, run_at, priority, id, pool, crawl FROM spider_job
          WHERE status = 'delayed' AND (CAST(:project AS text) IS NULL OR project = :project)
          ORDER BY run_at, id LIMIT :offset + :limit)
     ) AS waiting
@@ -162,7 +166,8 @@ PENDING_PAGE = text("""
 # stats, the keys its summary reads (spider_job_stats_summary), not the whole dict: a list of many jobs stays small.
 RUNNING_JOBS = text("""
     SELECT id, project, spider, job, pid, start_time, node, worker,
-           spider_job_stats_summary(j.stats) AS stats, pool
+           spider_job_stats_summary(j.stats) AS stats, pool,
+           (SELECT c.job FROM spider_job AS c WHERE c.id = j.crawl) AS crawl
     FROM spider_job AS j
     WHERE status = 'ongoing' AND (CAST(:project AS text) IS NULL OR project = :project)
     ORDER BY start_time, id
@@ -173,7 +178,8 @@ RUNNING_JOBS = text("""
 FINISHED_JOBS = text("""
     SELECT j.id, j.project, j.spider, j.job, j.start_time, j.end_time, j.node, j.outcome,
            EXISTS (SELECT 1 FROM job_log AS l WHERE l.job_id = j.id) AS has_log,
-           spider_job_stats_summary(j.stats) AS stats, j.pool
+           spider_job_stats_summary(j.stats) AS stats, j.pool,
+           (SELECT c.job FROM spider_job AS c WHERE c.id = j.crawl) AS crawl
     FROM spider_job AS j
     WHERE j.status = 'terminated' AND (CAST(:project AS text) IS NULL OR j.project = :project)
     ORDER BY j.end_time DESC, j.id DESC
