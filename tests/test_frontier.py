@@ -167,3 +167,42 @@ def test_a_site_never_sees_more_requests_at_once_than_its_per_domain_setting_wha
         wait_for(lambda: terminated(database_url, answer["workers"]), 120, "the crawl's workers to end")
     assert set(site.requests) == set(links)
     assert site.most_at_once == 2  # 3 workers, each allowed 2 by Scrapy: the crawl's 2, measured by the site
+
+
+def test_a_request_that_fails_past_scrapy_s_retries_is_recorded_failed_with_its_error(database_url, start_cluster):
+    links = {"0": ["1", "dead"], "1": ["0"], "dead": []}
+    dead = "http://127.0.0.1:9/section/dead"  # nothing listens on the discard port: connection refused
+    node, = start_cluster(database_url, 1, **CONFIG).nodes
+    with SiteServer(links, locate=lambda page: dead if page == "dead" else f"/section/{page}") as site:
+        answer = node.post("schedule.json", project="example", spider="site", jobid="failing", site=site.url,
+                           _workers="1")
+        wait_for(lambda: terminated(database_url, answer["workers"]), 60, "the crawl to end")
+    view = node.get("crawl.json", project="example", crawl="failing")
+    assert (view["done"], view["failed"], view["queued"], view["in_flight"]) == (2, 1, 0, 0), view
+    [(error,)] = query(database_url, "SELECT error FROM crawl_request WHERE status = 'failed'")
+    assert "ConnectionRefusedError: Connection was refused" in error, error
+    assert view["workers"][0]["outcome"] == "finished"
+
+
+def test_workers_that_join_a_running_crawl_share_its_frontier(database_url, start_cluster, tmp_path):
+    links = wide_site(200)
+    cluster = start_cluster(database_url, 2, **CONFIG, max_workers="3")
+    with site_on_hosts(links, 4, delay=0.5) as (servers, requests):
+        first = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="big",
+                                      site=servers[0].url, _workers="1")
+        wait_for(lambda: len(pages(tmp_path)) >= 10, 60, "the crawl to fetch pages")
+        joined = cluster.nodes[1].post("schedule.json", project="example", spider="site", _join="big",
+                                       _workers="2")
+        assert joined == {**joined, "status": "ok", "crawl": "big", "jobid": "big-2", "workers": ["big-2", "big-3"]}
+        for refused, message in (({"_join": "nope"}, "crawl 'nope' not found in project 'example'"),
+                                 ({"_join": "big"}, "crawl 'big' has 3 workers and may have at most 3"),
+                                 ({"_join": "big", "spider": "quotes"}, "is a crawl of spider 'site', not 'quotes'")):
+            answer = cluster.nodes[1].post("schedule.json", **{"project": "example", "spider": "site", **refused})
+            assert answer["status"] == "error" and message in answer["message"], answer
+        wait_for(lambda: terminated(database_url, first["workers"] + joined["workers"]), 120, "the crawl to end")
+    assert set(requests()) == set(links) and set(requests().values()) == {1}
+    fetched_by = collections.Counter(record["job"] for record in pages(tmp_path))
+    assert fetched_by["big-2"] + fetched_by["big-3"] > 0, fetched_by  # the new workers took part
+    assert [(worker["id"], worker["outcome"]) for worker in cluster.nodes[0].get(
+        "crawl.json", project="example", crawl="big")["workers"]] == [
+        ("big", "finished"), ("big-2", "finished"), ("big-3", "finished")]

@@ -38,9 +38,10 @@ OPTION_FIELDS = {
     "_stall_timeout": "stall_timeout",
     "_tags": "tags",
     "_workers": "workers",
+    "_join": "join",
 }
 # The keys of a batch's job object (a crawl of several workers is schedule.json's alone).
-JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()} - {"workers"}
+JOB_KEYS = {"spider", "priority", "jobid", "args", "settings", "version", *OPTION_FIELDS.values()} - {"workers", "join"}
 # Retries and delays beyond these are mistakes, not plans (2 ** 30 backoffs overflow any interval).
 MAX_RETRIES = 30
 MAX_DELAY_SECONDS = 10 * 365 * 86400
@@ -212,6 +213,7 @@ def _options(given: dict[str, Any], default_retries: int) -> JobOptions:
         run_at, delay, unique_key, on_conflict, int(retries), float(retry_delay or 0), **_tree_options(given),
         **watchdog_limits(given), tags=required_tags(given.get("tags")),
         workers=None if workers is None else int(workers),
+        join=None if given.get("join") is None else _text("join", given["join"]),
     )
 
 

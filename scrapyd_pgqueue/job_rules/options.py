@@ -30,6 +30,7 @@ class JobOptions:
     stall_timeout: float | None = None  # seconds without a new request, response or item before it does ("stalled")
     tags: tuple[str, ...] | None = None  # the tags a node needs to run it (checked, sorted); None: its spider's route
     workers: int | None = None  # a crawl spread over this many jobs sharing one frontier; None: a job of its own
+    join: str | None = None  # the running crawl these workers join (its first job id)
 
 
 NO_OPTIONS = JobOptions()

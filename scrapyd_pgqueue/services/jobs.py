@@ -367,6 +367,10 @@ class Schedule(DatabaseService):
         if version is not None:
             message["_version"] = version
         message.update(name=spider, settings=dict(s.split("=", 1) for s in setting), _job=jobid)
+        if options.join is not None:
+            jobs = JobStore.for_settings(self.settings).join_crawl(
+                project, options.join, spider, options.workers or 1, priority, options, self.settings.max_workers)
+            return {"jobid": jobs[0].job, "workers": [job.job for job in jobs], "crawl": options.join}
         if options.workers is not None:
             return self.schedule_crawl(project, message, priority, options)
         enqueued = JobStore.for_settings(self.settings).enqueue(project, message, priority, options)

@@ -109,6 +109,17 @@ CRAWL_WORKERS = text("""
 # A crawl's jobs, all stored in the caller's transaction: each a worker of the crawl (its first job's row).
 JOIN_CRAWL = text("UPDATE spider_job SET crawl = :crawl WHERE id = ANY(CAST(:ids AS bigint[]))")
 
+# The crawl that new workers join: its spider, its first job's message (theirs too) and how many workers it has had.
+# Locks its first row, so that two joins at once number their workers one after the other.
+CRAWL_TO_JOIN = text("""
+    SELECT c.id, c.spider, c.message, (SELECT count(*) FROM spider_job AS w WHERE w.crawl = c.id) AS workers
+    FROM spider_job AS c
+    WHERE c.job = :job AND c.project = :project AND c.crawl = c.id
+    ORDER BY c.id DESC
+    LIMIT 1
+    FOR UPDATE OF c
+""")
+
 # The crawl of a running job that uses the frontier: its own when it is no worker of another (a project that names
 # the frontier scheduler in its settings makes each of its crawls a crawl of one worker). None: not running.
 CRAWL_OF_RUNNING_JOB = text("""

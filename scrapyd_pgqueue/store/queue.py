@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from scrapyd_pgqueue.database import db, waits
 from scrapyd_pgqueue.database.connection_pool import Engine
 from scrapyd_pgqueue.database.sql import text
+from scrapyd_pgqueue.job_rules.checks import InvalidJobError
 from scrapyd_pgqueue.job_rules.options import ERROR, NO_OPTIONS, JobOptions
 from scrapyd_pgqueue.store import enqueue, frontier, staging, trees
 from scrapyd_pgqueue.store.base import NOTIFY_CHANNEL, ClaimedJob, Enqueued, StorePerEngine, database_errors
@@ -160,6 +161,30 @@ class JobStore(StorePerEngine, NodeLeases, JobEnds):
                                               for n in range(2, workers + 1)], numbered=True)
             jobs = [crawl, *(self._store_rows(connection, project, rows, StoreSteps.of(rows)) if rows else [])]
             connection.execute(frontier.JOIN_CRAWL, {"crawl": crawl.id, "ids": [job.id for job in jobs]})
+        return jobs
+
+    @database_errors
+    def join_crawl(self, project: str, crawl: str, spider: str, workers: int, priority: float, options: JobOptions,
+                   max_workers: int) -> list[Enqueued]:
+        """``workers`` more workers for crawl ``crawl`` (its first job id), all or none: children of its first job
+        running its spider with its arguments and settings, numbered after its last worker. InvalidJobError for an
+        unknown crawl, another spider, past ``max_workers`` in all, or a crawl whose tree is done."""
+        with db.transaction(self.engine) as connection:
+            found = connection.execute(frontier.CRAWL_TO_JOIN, {"project": project, "job": crawl}).first()
+            if found is None:
+                raise InvalidJobError(f"crawl '{crawl}' not found in project '{project}'")
+            if found.spider != spider:
+                raise InvalidJobError(f"crawl '{crawl}' is a crawl of spider '{found.spider}', not '{spider}'")
+            if found.workers + workers > max_workers:
+                raise InvalidJobError(f"crawl '{crawl}' has {found.workers} workers and may have at most "
+                                      f"{max_workers} (max_workers)")
+            child = dataclasses.replace(options, parent=crawl, unique_key=None, unique_scope="waiting",
+                                        on_complete=None, on_complete_args=None, workers=None, join=None)
+            rows = enqueue.job_rows(project, [({**found.message, "_job": f"{crawl}-{n}"}, priority, child)
+                                              for n in range(found.workers + 1, found.workers + workers + 1)],
+                                    numbered=True)
+            jobs = self._store_rows(connection, project, rows, StoreSteps.of(rows))
+            connection.execute(frontier.JOIN_CRAWL, {"crawl": found.id, "ids": [job.id for job in jobs]})
         return jobs
 
     @database_errors
