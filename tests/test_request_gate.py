@@ -182,7 +182,7 @@ def test_a_client_expecting_100_continue_gets_the_401_instead_and_need_not_send_
 
 def test_scrapyds_clients_deploy_schedule_and_read_with_the_credentials(node, database, egg):
     api = ScrapydAPI(node.url.rstrip("/"), auth=FULL)
-    assert api.add_version("clients", "1", egg.read_bytes()) == 4  # spiders in the egg
+    assert api.add_version("clients", "1", egg.read_bytes()) == 5  # spiders in the egg
     job = api.schedule("clients", "quotes", jobid="by-client")
     assert job == "by-client"
     assert query(database[1], "SELECT project FROM spider_job WHERE job = 'by-client'") == [("clients",)]
