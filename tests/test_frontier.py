@@ -12,11 +12,12 @@ import contextlib
 import json
 import os
 import signal
+import time
 
 from scrapy import Request
 from scrapy.utils.request import fingerprint
 
-from helpers import SiteServer, ends, query, wait_for
+from helpers import SiteServer, connect, ends, query, wait_for
 from scrapyd_pgqueue.frontier import Scheduler
 
 CONFIG = {"max_proc": "2", "finished_to_keep": "1000"}
@@ -206,3 +207,46 @@ def test_workers_that_join_a_running_crawl_share_its_frontier(database_url, star
     assert [(worker["id"], worker["outcome"]) for worker in cluster.nodes[0].get(
         "crawl.json", project="example", crawl="big")["workers"]] == [
         ("big", "finished"), ("big-2", "finished"), ("big-3", "finished")]
+
+
+def memory_of(pid: int) -> dict[str, int]:
+    """A process's resident set now (VmRSS) and at its highest (VmHWM), in kB."""
+    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
+    return {field: int(status[field].split()[0]) for field in ("VmRSS", "VmHWM")}
+
+
+def test_a_worker_s_memory_is_the_same_with_100k_requests_queued_as_with_1k(database_url, start_cluster):
+    node, = start_cluster(database_url, 1, **CONFIG, warm_start="off").nodes  # two crawls that start alike
+    memory = {}
+    # A site of 100k pages that answer slowly: each crawl stays at its start while its start requests are stored.
+    with SiteServer({str(page): [] for page in range(100_000)}, delay=2.0) as site, \
+            contextlib.closing(connect(database_url)) as locker:
+        for starts, outage in ((1_000, 0), (100_000, 20)):
+            job = f"starts{starts}"
+            # For 100k, the frontier is slow at first (its table locked for 20 s, as a busy database would be): the
+            # spider yields its start requests far faster than they can be stored.
+            with locker.cursor() as cursor:
+                cursor.execute("BEGIN; LOCK TABLE crawl_request IN SHARE MODE" if outage else "BEGIN")
+                answer = node.post("schedule.json", project="example", spider="site", jobid=job, site=site.url,
+                                   start_pages=str(starts), _workers="1")
+                assert answer["status"] == "ok", answer
+                if outage:
+                    wait_for(lambda: query(database_url, "SELECT count(*) FROM pg_locks WHERE NOT granted "
+                                                         "AND relation = 'crawl_request'::regclass")[0][0] > 0,
+                             60, "the worker's first step to wait on the lock")
+                    time.sleep(outage)  # the outage's length, not a wait for an event
+                cursor.execute("ROLLBACK")
+
+            def stored():
+                view = node.get("crawl.json", project="example", crawl=job)
+                return view["status"] == "ok" and view["queued"] + view["in_flight"] + view["done"] == starts
+
+            wait_for(stored, 240, f"the {starts} start requests to be stored")
+            [(pid,)] = query(database_url, "SELECT pid FROM spider_job WHERE job = %s", (job,))
+            memory[starts] = memory_of(pid)
+            assert node.post("cancel.json", project="example", job=job)["status"] == "ok"
+            wait_for(lambda: terminated(database_url, [job]), 60, "the crawl to end")
+    print(f"worker memory, kB: {memory}")
+    # The spider yielded every start request at once; the worker held a step's worth at a time, never the crawl's.
+    assert memory[100_000]["VmHWM"] <= 1.1 * memory[1_000]["VmHWM"], memory
+    assert memory[100_000]["VmRSS"] <= 1.1 * memory[1_000]["VmRSS"], memory

@@ -41,7 +41,8 @@ def stored_request(request, spider) -> bytes:
 
 
 class Outputs:
-    """A leased request is done when its callback's output has passed, failed when its callback raised."""
+    """A leased request is done when its callback's output has passed, failed when its callback raised; the
+    spider's start requests wait while a step's worth are still to be sent."""
 
     def __init__(self, crawler):
         self.crawler = crawler
@@ -52,6 +53,18 @@ class Outputs:
 
     def _scheduler(self):
         return _schedulers.get(self.crawler)  # None: the crawl's scheduler is another
+
+    async def process_start(self, start):
+        """A spider may yield millions of start requests at once (Scrapy reads ``start()`` as fast as it yields): each
+        waits here until the worker has room for it, so a worker's memory stays flat whatever the crawl's size."""
+        from scrapy.utils.defer import maybe_deferred_to_future
+
+        async for item_or_request in start:
+            yield item_or_request
+            scheduler = self._scheduler()
+            room = None if scheduler is None else scheduler.room_for_new()
+            if room is not None:
+                await maybe_deferred_to_future(room)
 
     def process_spider_output(self, response, result, spider=None):
         for output in result:

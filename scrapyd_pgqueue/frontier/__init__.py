@@ -31,7 +31,7 @@ from scrapy.core.scheduler import BaseScheduler
 from scrapy.http import Request
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.request import request_from_dict
-from twisted.internet import threads
+from twisted.internet import defer, threads
 
 from scrapyd_pgqueue.crawl_process import crawl_node
 from scrapyd_pgqueue.crawl_process.crawl_node import (
@@ -61,6 +61,9 @@ IDLE_STEP_SECONDS = 0.5
 RETRY_SECONDS = 1.0
 # Outputs and acknowledgements sent at once, at most; more wait for the next step.
 MAX_STEP_REQUESTS = 500
+# New requests a worker keeps unsent at most: the next step's while one is under way (the spider makes them while the
+# node stores the last ones).
+MAX_UNSENT_REQUESTS = 2 * MAX_STEP_REQUESTS
 
 
 def _reactor():
@@ -82,6 +85,7 @@ class Scheduler(BaseScheduler):
         self.local: deque[Request] = deque()  # retries and redirects of requests this worker holds
         self.held: set[int] = set()  # leased ids handed to the engine, not yet done
         self.new: list[dict] = []
+        self.waiting_for_room: list[defer.Deferred] = []  # start requests that wait for a step (room_for_new)
         self.done: list[int] = []
         self.failed: list[list] = []
         self.crawl_open = True
@@ -109,6 +113,7 @@ class Scheduler(BaseScheduler):
     def close(self, reason):
         if self.step_soon is not None and self.step_soon.active():
             self.step_soon.cancel()
+        self._give_room(force=True)
         if self.new or self.done or self.failed:  # what this worker found is the crawl's, whatever the reason
             return threads.deferToThread(self._send_rest)
         return None
@@ -131,6 +136,15 @@ class Scheduler(BaseScheduler):
         })
         self._later()
         return True
+
+    def room_for_new(self) -> defer.Deferred | None:
+        """None if a new request may come now, else a Deferred that fires once a step has taken a batch: at most
+        ``MAX_UNSENT_REQUESTS`` wait to be sent (``Outputs.process_start`` holds the start requests back)."""
+        if len(self.new) < MAX_UNSENT_REQUESTS:
+            return None
+        waiting = defer.Deferred()
+        self.waiting_for_room.append(waiting)
+        return waiting
 
     def next_request(self) -> Request | None:
         if self.local:
@@ -182,6 +196,7 @@ class Scheduler(BaseScheduler):
                 FAILED: self.failed[:MAX_STEP_REQUESTS],
                 LEASE: self._room(), PER_SLOT: self.per_slot}
         del self.new[:MAX_STEP_REQUESTS], self.done[:MAX_STEP_REQUESTS], self.failed[:MAX_STEP_REQUESTS]
+        self._give_room()
         self.stepping, self.sending = True, bool(body[NEW] or body[DONE] or body[FAILED])
         d = threads.deferToThread(crawl_node.frontier_step, body)
         d.addCallbacks(self._stepped, self._not_stepped, errbackArgs=(body,))
@@ -200,6 +215,7 @@ class Scheduler(BaseScheduler):
             request.errback = self._errback(leased[ID], request.errback)
             self.buffer.append(request)
         self.crawl_open = answer[OPEN]
+        self._give_room()
         if self.new or self.done or self.failed:
             self._later()
         elif self.crawl_open and not self.buffer and not self.held and not self.local:
@@ -217,7 +233,14 @@ class Scheduler(BaseScheduler):
         self.crawl_open = False
         self.buffer.clear()
         self.new.clear()
+        self._give_room()
         self._wake_engine()
+
+    def _give_room(self, force: bool = False) -> None:
+        if force or len(self.new) < MAX_UNSENT_REQUESTS:
+            waiting, self.waiting_for_room = self.waiting_for_room, []
+            for deferred in waiting:
+                deferred.callback(None)
 
     def _send_rest(self) -> None:
         """Thread, at close: what is left, in steps that lease nothing."""

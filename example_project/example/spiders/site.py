@@ -15,16 +15,19 @@ from example.recording import RecordingSpider
 
 
 class SiteSpider(RecordingSpider):
-    """Fetch ``{site}/section/0`` and every page it reaches through ``a.section`` links."""
+    """Fetch ``{site}/section/0`` and every page it reaches through ``a.section`` links; with ``start_pages=N``, start
+    from pages 0 to N-1 (a sitemap's worth of start requests, yielded at once)."""
 
     name = "site"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.site = kwargs["site"].rstrip("/")
+        self.start_pages = int(kwargs.get("start_pages", 1))
 
     async def start(self):
-        yield scrapy.Request(f"{self.site}/section/0", dont_filter=True)
+        for page in range(self.start_pages):
+            yield scrapy.Request(f"{self.site}/section/{page}", dont_filter=True)
 
     def parse(self, response):
         page = response.url.rsplit("/", 1)[-1]
