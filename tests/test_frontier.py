@@ -17,7 +17,7 @@ import time
 from scrapy import Request
 from scrapy.utils.request import fingerprint
 
-from helpers import SiteServer, connect, ends, query, wait_for
+from helpers import SiteServer, connect, ends, query, runs, wait_for
 from scrapyd_pgqueue.frontier import Scheduler
 
 CONFIG = {"max_proc": "2", "finished_to_keep": "1000"}
@@ -57,14 +57,17 @@ def terminated(url, jobs) -> bool:
 
 def test_a_crawl_of_three_workers_fetches_every_page_once_and_all_close_finished(database_url, start_cluster,
                                                                                   tmp_path):
-    links = wide_site(200)
+    links = wide_site(2000)
     cluster = start_cluster(database_url, 2, **CONFIG)
-    with site_on_hosts(links, 4, delay=0.2) as (servers, requests):  # pages that take a while, on 4 hosts
+    with site_on_hosts(links, 4, delay=0.02) as (servers, requests):  # 4 hosts: 4 download slots
         answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="big",
-                                       site=servers[0].url, _workers="3")
+                                       site=servers[0].url, _workers="3", _on_complete="sleeper",
+                                       _on_complete_args=json.dumps({"seconds": "0", "role": "completion"}))
         assert answer["status"] == "ok", answer
         assert answer["jobid"] == "big" and answer["workers"] == ["big", "big-2", "big-3"]
-        wait_for(lambda: terminated(database_url, answer["workers"]), 120, "the crawl's workers to end")
+        wait_for(lambda: terminated(database_url, answer["workers"]), 240, "the crawl's workers to end")
+        [completion] = wait_for(lambda: [run for run in runs(tmp_path) if run["args"].get("role") == "completion"],
+                                60, "the crawl's completion job to run")
 
     # Every page reachable from the home page fetched, none twice (the home page is each worker's start request,
     # stored once for the crawl), as the site counted them and as the crawls recorded them.
@@ -73,22 +76,27 @@ def test_a_crawl_of_three_workers_fetches_every_page_once_and_all_close_finished
     assert fetched == collections.Counter(set(links))
     by_worker = collections.Counter(record["job"] for record in pages(tmp_path))
     assert len(by_worker) >= 2, by_worker  # the crawl was spread
+    # The crawl's completion ran once, after its last page and its last worker.
+    assert completion["started"] > max(record["fetched"] for record in pages(tmp_path))
+    assert completion["started"] > max(end["ended"] for end in ends(tmp_path) if end["job"].startswith("big"))
+    assert len([run for run in runs(tmp_path) if run["args"].get("role") == "completion"]) == 1
     # Each worker closed with finished, once the frontier had nothing ready or held.
-    assert sorted((end["job"], end["reason"]) for end in ends(tmp_path)) == [
+    assert sorted((end["job"], end["reason"]) for end in ends(tmp_path) if end["job"].startswith("big")) == [
         ("big", "finished"), ("big-2", "finished"), ("big-3", "finished")]
     assert query(database_url, "SELECT status, count(*) FROM crawl_request GROUP BY status") == [
         ("done", len(links))]
     assert query(database_url, "SELECT job, outcome, crawl = (SELECT id FROM spider_job WHERE job = 'big') "
-                               "FROM spider_job ORDER BY job") == [
+                               "FROM spider_job WHERE job LIKE 'big%%' ORDER BY job") == [
         ("big", "finished", True), ("big-2", "finished", True), ("big-3", "finished", True)]
     finished = cluster.nodes[1].get("listjobs.json", project="example")["finished"]
-    assert sorted((entry["id"], entry["crawl"]) for entry in finished) == [
+    assert sorted((entry["id"], entry["crawl"]) for entry in finished if entry["spider"] == "site") == [
         ("big", "big"), ("big-2", "big"), ("big-3", "big")]
     # Any node answers for the crawl: its frontier, the duplicates its workers dropped, each worker.
     view = cluster.nodes[1].get("crawl.json", project="example", crawl="big")
     links_found = sum(len(targets) for targets in links.values()) + 3  # every link, and each worker's start
     assert view == {**view, "status": "ok", "crawl": "big", "queued": 0, "in_flight": 0, "done": len(links),
-                    "failed": 0, "duplicates": links_found - len(links), "pages_per_minute": len(links)}
+                    "failed": 0, "duplicates": links_found - len(links)}
+    assert 0 < view["pages_per_minute"] <= len(links)  # those done in the last minute
     assert [(worker["id"], worker["state"], worker["outcome"]) for worker in view["workers"]] == [
         ("big", "finished", "finished"), ("big-2", "finished", "finished"), ("big-3", "finished", "finished")]
     assert cluster.nodes[1].get("crawl.json", project="example", crawl="big-2") == {
