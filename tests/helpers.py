@@ -295,7 +295,7 @@ def generate_site(seed: int, depth: int, fanout: int) -> dict[str, list[str]]:
 class SiteServer:
     """The generated site on loopback (a thread of this process): ``/section/<id>`` is a page linking to its
     sections with ``<a class="section">``, answered after ``delay`` seconds; ``requests`` counts them by section,
-    ``most_at_once`` is the most it ever answered at the same time."""
+    ``arrivals`` has the time (monotonic) each came, ``most_at_once`` is the most it ever answered at the same time."""
 
     def __init__(self, links: dict[str, list[str]], delay: float = 0.0, host: str = "127.0.0.1",
                  locate=lambda section: f"/section/{section}"):
@@ -307,6 +307,7 @@ class SiteServer:
 
         self.links, self.delay = links, delay
         self.requests: collections.Counter = collections.Counter()
+        self.arrivals: list[float] = []
         self.at_once = self.most_at_once = 0
         counting = threading.Lock()
         site = self
@@ -319,6 +320,7 @@ class SiteServer:
                     return
                 with counting:
                     site.requests[section] += 1
+                    site.arrivals.append(time.monotonic())
                     site.at_once += 1
                     site.most_at_once = max(site.most_at_once, site.at_once)
                 time.sleep(site.delay)

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -335,3 +336,14 @@ def test_a_frontier_step_reaches_its_own_crawl_only(database_url, in_a_crawl, mo
                             text=True, timeout=60)
     assert result.returncode == 1 and "is not the calling process's" in result.stderr, result.stderr[-2000:]
     assert query(database_url, "SELECT count(*) FROM crawl_request WHERE status = 'leased'") == [(1,)]
+
+
+def test_a_malformed_frontier_step_is_refused_with_its_reason(in_a_crawl):
+    for body, reason in (({"lease": -1}, "lease must be an integer from 0 to 1000"),
+                         ({"per_slot": "8"}, "per_slot must be an integer from 1 to 1000"),
+                         ({"delay": "1"}, "delay must be a number of seconds from 0 to 3600"),
+                         ({"delay": 7200}, "delay must be a number of seconds from 0 to 3600"),
+                         ({"done": ["1"]}, "done must be a list of request ids"),
+                         ({"new": [{"fingerprint": None}]}, "new: each request needs fingerprint, priority, slot")):
+        with pytest.raises(crawl_node.NotInACrawlError, match=re.escape(f"(400): {reason}")):
+            crawl_node.frontier_step(body)

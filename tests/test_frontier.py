@@ -178,6 +178,37 @@ def test_a_site_never_sees_more_requests_at_once_than_its_per_domain_setting_wha
     assert site.most_at_once == 2  # 3 workers, each allowed 2 by Scrapy: the crawl's 2, measured by the site
 
 
+def test_per_ip_concurrency_holds_for_the_whole_crawl_too(database_url, start_cluster):
+    links = wide_site(60)
+    cluster = start_cluster(database_url, 2, **CONFIG)
+    with site_on_hosts(links, 2, delay=0.2) as (servers, requests):  # two addresses: two slots when keyed by IP
+        answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="polite",
+                                       site=servers[0].url, _workers="3", setting="CONCURRENT_REQUESTS_PER_IP=1")
+        assert answer["status"] == "ok", answer
+        wait_for(lambda: terminated(database_url, answer["workers"]), 120, "the crawl's workers to end")
+    assert set(requests()) == set(links)
+    assert [server.most_at_once for server in servers] == [1, 1]  # Scrapy's per-IP cap replaces the per-domain one
+
+
+def test_a_site_sees_the_download_delay_between_any_two_requests_of_the_crawl_whatever_the_workers(
+        database_url, start_cluster):
+    links = {str(page): [] for page in range(9)}  # 9 start pages, all ready at once
+    cluster = start_cluster(database_url, 2, **CONFIG)
+    with SiteServer(links) as site:
+        # One request at a time per worker: each worker holds one of the 9, and could fetch it at once.
+        answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="slow", site=site.url,
+                                       start_pages="9", _workers="3", setting=[
+                                           "DOWNLOAD_DELAY=1", "RANDOMIZE_DOWNLOAD_DELAY=False", "CONCURRENT_REQUESTS=1"])
+        assert answer["status"] == "ok", answer
+        wait_for(lambda: terminated(database_url, answer["workers"]), 120, "the crawl's workers to end")
+    assert set(site.requests) == set(links)
+    gaps = [later - earlier for earlier, later in zip(site.arrivals, site.arrivals[1:])]
+    print(f"seconds between requests: {[round(gap, 2) for gap in gaps]}")
+    # 3 workers, each allowed one request a second by Scrapy: the crawl's one a second, as the site saw them (a lease
+    # and its download are a step's round trip apart, a few tens of milliseconds either way).
+    assert min(gaps) > 0.9, gaps
+
+
 def test_a_request_that_fails_past_scrapy_s_retries_is_recorded_failed_with_its_error(database_url, start_cluster):
     links = {"0": ["1", "dead"], "1": ["0"], "dead": []}
     dead = "http://127.0.0.1:9/section/dead"  # nothing listens on the discard port: connection refused

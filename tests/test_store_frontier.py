@@ -129,3 +129,16 @@ def test_a_download_slot_never_has_more_requests_held_than_its_cap_in_the_whole_
     assert frontier.step(crawl, second, lease=10, per_slot=2).leased == []  # the crawl holds the cap: none more
     frontier.step(crawl, crawl, done=[first.leased[0].id])
     assert names(frontier.step(crawl, second, lease=10, per_slot=2)) == ["a2"]  # one freed, one taken
+
+
+def test_with_a_delay_a_download_slot_gives_one_request_per_delay_to_the_whole_crawl(database_url):
+    crawl, second = workers(database_url, 2)
+    frontier = FrontierStore.for_url(database_url)
+    frontier.step(crawl, crawl, new=[new(f"{host}{n}", slot=host) for n in range(3) for host in ("a", "b")])
+    assert names(frontier.step(crawl, crawl, lease=10, delay=60)) == ["a0", "b0"]  # one of each slot
+    assert frontier.step(crawl, second, lease=10, delay=60).leased == []  # both slots wait a minute, for every worker
+    query(database_url, "UPDATE crawl_slot SET next_lease_time = now() WHERE slot = 'b'")  # b's minute is over
+    assert names(frontier.step(crawl, second, lease=10, delay=60)) == ["b1"]
+    # The delay is the crawl's: the queue's deletion of its first row takes its slots' times with it.
+    query(database_url, "DELETE FROM spider_job WHERE id = %s", (crawl,))
+    assert query(database_url, "SELECT count(*) FROM crawl_slot") == [(0,)]

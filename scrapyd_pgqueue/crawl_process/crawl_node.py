@@ -27,11 +27,11 @@ VERSION_VARIABLE = "SCRAPYD_EGG_VERSION"
 UNIX, TCP = "unix", "tcp"
 SCHEDULE_PATH = "/schedule"
 # A frontier worker's step (``scrapyd_pgqueue.frontier``): {NEW: [{FINGERPRINT, PRIORITY, SLOT, REQUEST}, ...],
-# DONE: [id, ...], FAILED: [[id, error], ...], LEASE: n, PER_SLOT: the crawl's cap per download slot}, bytes as
-# base64; the answer {STORED, DUPLICATES, LEASED: [{ID, REQUEST}, ...], OPEN: whether the crawl still has work}.
+# DONE: [id, ...], FAILED: [[id, error], ...], LEASE: n, PER_SLOT: the crawl's cap per download slot, DELAY: seconds
+# between two leases of a download slot (0: none)}, bytes as base64; the answer {STORED, DUPLICATES, LEASED: [{ID, REQUEST}, ...], OPEN: whether the crawl still has work}.
 FRONTIER_PATH = "/frontier"
 FRONTIER_SCHEDULER = "scrapyd_pgqueue.frontier.Scheduler"  # the SCHEDULER setting of a crawl's workers
-NEW, DONE, FAILED, LEASE, PER_SLOT = "new", "done", "failed", "lease", "per_slot"
+NEW, DONE, FAILED, LEASE, PER_SLOT, DELAY = "new", "done", "failed", "lease", "per_slot", "delay"
 FINGERPRINT, PRIORITY, SLOT, REQUEST, ID = "fingerprint", "priority", "slot", "request", "id"
 STORED, DUPLICATES, LEASED, OPEN = "stored", "duplicates", "leased", "open"
 BEARER = "Bearer"

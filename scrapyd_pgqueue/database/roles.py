@@ -46,6 +46,7 @@ NODE_TABLES = {
     "project_egg": "SELECT, INSERT, DELETE",
     "project_user": "SELECT, INSERT",  # a project's uid is assigned once, then only read
     "crawl_request": ROW_RIGHTS,  # the frontier's requests: stored, leased, done; deleted with their crawl
+    "crawl_slot": ROW_RIGHTS,  # each download slot's next lease time (DOWNLOAD_DELAY); deleted with their crawl
     db.VERSION_TABLE: "SELECT",  # nodes check the schema's revision; only the owner migrates
 }
 NODE_SEQUENCES = ("crawl_request_id_seq", "project_egg_id_seq", "spider_job_id_seq", "spider_tree_root_id_seq", "webhook_event_id_seq",

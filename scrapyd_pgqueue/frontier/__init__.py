@@ -35,6 +35,7 @@ from twisted.internet import defer, threads
 
 from scrapyd_pgqueue.crawl_process import crawl_node
 from scrapyd_pgqueue.crawl_process.crawl_node import (
+    DELAY,
     DONE,
     DUPLICATES,
     FAILED,
@@ -79,8 +80,12 @@ class Scheduler(BaseScheduler):
         self.crawler, self.stats = crawler, crawler.stats
         self.fingerprinter = crawler.request_fingerprinter
         self.lease_size = self.lease_size_for(crawler.settings.getint("CONCURRENT_REQUESTS", 16))
-        # Scrapy's per-domain cap, held by the frontier for the whole crawl (the workers' leases per download slot).
-        self.per_slot = max(1, crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8))
+        # Scrapy's manners, held by the frontier for the whole crawl: the cap per download slot (per IP when set, as
+        # Scrapy's slots then are) and the delay between two requests of a slot (the spider's download_delay first).
+        settings = crawler.settings
+        self.per_slot = max(1, settings.getint("CONCURRENT_REQUESTS_PER_IP")
+                            or settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8))
+        self.delay = settings.getfloat("DOWNLOAD_DELAY")
         self.buffer: deque[Request] = deque()  # leased, not yet handed to the engine
         self.local: deque[Request] = deque()  # retries and redirects of requests this worker holds
         self.held: set[int] = set()  # leased ids handed to the engine, not yet done
@@ -108,6 +113,7 @@ class Scheduler(BaseScheduler):
 
     def open(self, spider):
         self.spider = spider
+        self.delay = max(0.0, float(getattr(spider, "download_delay", self.delay)))
         self._step()
 
     def close(self, reason):
@@ -131,7 +137,7 @@ class Scheduler(BaseScheduler):
         self.new.append({
             FINGERPRINT: None if fingerprint is None else base64.b64encode(fingerprint).decode(),
             PRIORITY: request.priority,
-            SLOT: request.meta.get("download_slot") or urlparse_cached(request).hostname or "",
+            SLOT: self._slot_of(request),
             REQUEST: base64.b64encode(stored_request(request, self.spider)).decode(),
         })
         self._later()
@@ -145,6 +151,14 @@ class Scheduler(BaseScheduler):
         waiting = defer.Deferred()
         self.waiting_for_room.append(waiting)
         return waiting
+
+    def _slot_of(self, request: Request) -> str:
+        """The request's download slot as this worker's Scrapy keys it (its meta's download_slot, else its host, or
+        the host's address once resolved when CONCURRENT_REQUESTS_PER_IP is set)."""
+        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
+        if downloader is not None:
+            return downloader.get_slot_key(request)
+        return request.meta.get("download_slot") or urlparse_cached(request).hostname or ""
 
     def next_request(self) -> Request | None:
         if self.local:
@@ -194,7 +208,7 @@ class Scheduler(BaseScheduler):
             return
         body = {NEW: self.new[:MAX_STEP_REQUESTS], DONE: self.done[:MAX_STEP_REQUESTS],
                 FAILED: self.failed[:MAX_STEP_REQUESTS],
-                LEASE: self._room(), PER_SLOT: self.per_slot}
+                LEASE: self._room(), PER_SLOT: self.per_slot, DELAY: self.delay}
         del self.new[:MAX_STEP_REQUESTS], self.done[:MAX_STEP_REQUESTS], self.failed[:MAX_STEP_REQUESTS]
         self._give_room()
         self.stepping, self.sending = True, bool(body[NEW] or body[DONE] or body[FAILED])

@@ -38,6 +38,7 @@ from twisted.web import resource, server
 
 from scrapyd_pgqueue.crawl_process.crawl_node import (
     BEARER,
+    DELAY,
     DONE,
     DUPLICATES,
     EXISTING,
@@ -272,6 +273,7 @@ class CrawlApi(resource.Resource):
 
 
 MAX_LEASE = 1000  # requests one step may lease
+MAX_DELAY = 3600.0  # seconds between two leases of a download slot, at most
 
 
 def frontier_step_of(body: dict) -> dict:
@@ -288,6 +290,9 @@ def frontier_step_of(body: dict) -> dict:
     for name, value, least in ((LEASE, lease, 0), (PER_SLOT, per_slot, 1)):
         if type(value) is not int or not least <= value <= MAX_LEASE:
             raise Refused(400, f"{name} must be an integer from {least} to {MAX_LEASE}")
+    delay = body.get(DELAY, 0)
+    if type(delay) not in (int, float) or not 0 <= delay <= MAX_DELAY:
+        raise Refused(400, f"{DELAY} must be a number of seconds from 0 to {MAX_DELAY:.0f}")
     failed = body.get(FAILED, [])
     if not isinstance(failed, list) or not all(
             isinstance(f, list) and len(f) == 2 and type(f[0]) is int and isinstance(f[1], str) for f in failed):
@@ -302,7 +307,7 @@ def frontier_step_of(body: dict) -> dict:
     except (TypeError, KeyError, ValueError, binascii.Error) as e:
         raise Refused(400, f"{NEW}: each request needs {FINGERPRINT}, {PRIORITY}, {SLOT} and {REQUEST} ({e})") from None
     return {"new": requests, "done": integers(DONE), "failed": [tuple(f) for f in failed], "lease": lease,
-            "per_slot": per_slot}
+            "per_slot": per_slot, "delay": float(delay)}
 
 
 def peer_pid(request) -> int | None:

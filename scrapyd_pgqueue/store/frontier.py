@@ -39,28 +39,42 @@ LOCK_CRAWL_LEASES = text("SELECT pg_advisory_xact_lock(hashtextextended('crawl_r
 
 # A worker leases the crawl's next ready requests, LIMIT the room in its downloader, in order (highest priority, then
 # first stored: the head of crawl_request_ready_idx, :scan rows at most), skipping a download slot (a host) once the
-# crawl's workers hold :per_slot of its requests (Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN, for the whole crawl: a
-# request is held until its callback's output is stored, so a slot never has more downloads in flight). What the
-# slots hold is read from crawl_request_leased_idx alone. RETURNING gives no order: the caller sorts.
+# crawl's workers hold :per_slot of its requests (Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN or _PER_IP, for the whole
+# crawl: a request is held until its callback's output is stored, so a slot never has more downloads in flight). What
+# the slots hold is read from crawl_request_leased_idx alone. With a :delay (DOWNLOAD_DELAY, seconds), a slot gives
+# one request per lease, and none before its next_lease_time, which the lease then moves on (crawl_slot); the clock is
+# the statement's, not the transaction's, which may have waited for LOCK_CRAWL_LEASES. RETURNING gives no order.
 LEASE_REQUESTS = text("""
-    UPDATE crawl_request AS r SET status = 'leased', leased_by = :worker, attempts = r.attempts + 1
-    FROM (
-        SELECT head.id FROM (
-            SELECT id, priority, slot, row_number() OVER (PARTITION BY slot ORDER BY priority DESC, id) AS nth
-            FROM (SELECT id, priority, slot FROM crawl_request
-                  WHERE crawl = :crawl AND status = 'ready'
-                  ORDER BY priority DESC, id
-                  LIMIT :scan) AS ready
-        ) AS head
-        LEFT JOIN (SELECT slot, count(*) AS held FROM crawl_request
-                   WHERE crawl = :crawl AND status = 'leased'
-                   GROUP BY slot) AS slots USING (slot)
-        WHERE head.nth <= :per_slot - coalesce(slots.held, 0)
-        ORDER BY head.priority DESC, head.id
-        LIMIT :limit
-    ) AS next
-    WHERE r.id = next.id AND r.status = 'ready'
-    RETURNING r.id, r.priority, r.request
+    WITH leased AS (
+        UPDATE crawl_request AS r SET status = 'leased', leased_by = :worker, attempts = r.attempts + 1
+        FROM (
+            SELECT head.id FROM (
+                SELECT id, priority, slot, row_number() OVER (PARTITION BY slot ORDER BY priority DESC, id) AS nth
+                FROM (SELECT id, priority, slot FROM crawl_request
+                      WHERE crawl = :crawl AND status = 'ready'
+                      ORDER BY priority DESC, id
+                      LIMIT :scan) AS ready
+            ) AS head
+            LEFT JOIN (SELECT slot, count(*) AS held FROM crawl_request
+                       WHERE crawl = :crawl AND status = 'leased'
+                       GROUP BY slot) AS slots USING (slot)
+            LEFT JOIN crawl_slot AS paced ON paced.crawl = :crawl AND paced.slot = head.slot
+            WHERE head.nth <= :per_slot - coalesce(slots.held, 0)
+              AND (CAST(:delay AS double precision) = 0
+                   OR (head.nth = 1 AND coalesce(paced.next_lease_time <= clock_timestamp(), true)))
+            ORDER BY head.priority DESC, head.id
+            LIMIT :limit
+        ) AS next
+        WHERE r.id = next.id AND r.status = 'ready'
+        RETURNING r.id, r.priority, r.request, r.slot
+    ), paced AS (
+        INSERT INTO crawl_slot (crawl, slot, next_lease_time)
+        SELECT DISTINCT CAST(:crawl AS bigint), slot,
+               clock_timestamp() + make_interval(secs => CAST(:delay AS double precision))
+        FROM leased WHERE CAST(:delay AS double precision) > 0
+        ON CONFLICT (crawl, slot) DO UPDATE SET next_lease_time = EXCLUDED.next_lease_time
+    )
+    SELECT id, priority, request FROM leased
 """)
 # Ready requests a lease looks at, from the head: past them, requests of other slots wait for a later step.
 LEASE_SCAN = 1000
@@ -177,10 +191,11 @@ class FrontierStore(StorePerEngine):
 
     @database_errors
     def step(self, crawl: int, worker: int, new: Sequence[NewRequest] = (), done: Sequence[int] = (),
-             failed: Sequence[tuple[int, str]] = (), lease: int = 0, per_slot: int = 8) -> Step:
+             failed: Sequence[tuple[int, str]] = (), lease: int = 0, per_slot: int = 8, delay: float = 0.0) -> Step:
         """One worker's step, all or none: store its new requests, then mark the requests whose output they are
         done (or failed), then lease up to ``lease`` more, at most ``per_slot`` held per download slot in the whole
-        crawl. A worker that dies between steps loses nothing: what it leased goes back, what it stored stays."""
+        crawl, and with a ``delay`` (seconds) one per slot at most every ``delay``. A worker that dies between steps
+        loses nothing: what it leased goes back, what it stored stays."""
         scope = {"crawl": crawl, "worker": worker}
         with db.transaction(self.engine) as connection:
             stored = 0
@@ -197,7 +212,7 @@ class FrontierStore(StorePerEngine):
             if lease > 0:
                 connection.execute(LOCK_CRAWL_LEASES, scope)
                 rows = connection.execute(LEASE_REQUESTS, {**scope, "limit": lease, "per_slot": per_slot,
-                                                           "scan": LEASE_SCAN}).fetchall()
+                                                           "delay": delay, "scan": LEASE_SCAN}).fetchall()
                 leased = sorted((LeasedRequest(row.id, row.priority, bytes(row.request)) for row in rows),
                                 key=lambda r: (-r.priority, r.id))
             crawl_open = bool(leased) or connection.execute(CRAWL_OPEN, scope).scalar()

@@ -369,6 +369,15 @@ CREATE INDEX crawl_request_ready_idx ON crawl_request (crawl, priority DESC, id)
 -- holds (the lease's per-slot cap), read from the index alone.
 CREATE INDEX crawl_request_leased_idx ON crawl_request (crawl, leased_by) INCLUDE (slot) WHERE status = 'leased';
 
+-- When a crawl's next request to a download slot may be leased (0020): the last lease's time plus the crawl's
+-- DOWNLOAD_DELAY, so that the delay holds for the whole crawl, not per worker. A row per slot a crawl ever paced.
+CREATE TABLE crawl_slot (
+    crawl bigint NOT NULL REFERENCES spider_job (id) ON DELETE CASCADE,
+    slot text NOT NULL,
+    next_lease_time timestamptz NOT NULL,
+    PRIMARY KEY (crawl, slot)
+);
+
 
 -- ---------------------------------------------------------------------------------------------------------------
 -- Functions
