@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 
 import psycopg2
@@ -25,6 +26,23 @@ SECRET = "fault-s3cret-pw"  # the nodes' database password in fault tests: no lo
 # A node's configuration for claiming only at start-up (a poll an hour, no NOTIFY): jobs scheduled through it later wait
 # for another node.
 CLAIM_AT_START_ONLY = {"poll_interval": "3600", "listen_notify": "off"}
+
+
+def scrape(node) -> dict:
+    """{(sample name, frozenset of labels): value} of one scrape of a node's /metrics, read with Prometheus's own
+    parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{node.url}metrics", timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        families = text_string_to_metric_families(response.read().decode())
+    return {(sample.name, frozenset(sample.labels.items())): sample.value for family in families
+            for sample in family.samples}
+
+
+def value(samples, name, **labels):
+    """One sample of a scrape (``scrape``); None when absent."""
+    return samples.get((name, frozenset(labels.items())))
 
 
 def skewed_clock(offset: str) -> dict[str, str]:

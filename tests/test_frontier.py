@@ -17,7 +17,7 @@ import time
 from scrapy import Request
 from scrapy.utils.request import fingerprint
 
-from helpers import SiteServer, connect, ends, query, runs, wait_for
+from helpers import SiteServer, connect, ends, query, runs, scrape, value, wait_for
 from scrapyd_pgqueue.frontier import Scheduler
 
 CONFIG = {"max_proc": "2", "finished_to_keep": "1000"}
@@ -97,6 +97,15 @@ def test_a_crawl_of_three_workers_fetches_every_page_once_and_all_close_finished
     assert view == {**view, "status": "ok", "crawl": "big", "queued": 0, "in_flight": 0, "done": len(links),
                     "failed": 0, "duplicates": links_found - len(links)}
     assert 0 < view["pages_per_minute"] <= len(links)  # those done in the last minute
+    # The crawl's stats are its workers' together; the nodes' counters add up to the crawl.
+    assert view["stats"]["item_scraped_count"] == len(links)
+    assert view["stats"]["downloader/response_count"] == len(links)
+    scrapes = [scrape(node) for node in cluster.nodes]
+    counted = {event: sum(value(samples, "scrapyd_pgqueue_frontier_requests_total", project="example", spider="site",
+                                event=event) or 0 for samples in scrapes)
+               for event in ("stored", "duplicate", "leased", "done", "failed")}
+    assert counted == {"stored": len(links), "duplicate": links_found - len(links), "leased": len(links),
+                       "done": len(links), "failed": 0}
     assert [(worker["id"], worker["state"], worker["outcome"]) for worker in view["workers"]] == [
         ("big", "finished", "finished"), ("big-2", "finished", "finished"), ("big-3", "finished", "finished")]
     assert cluster.nodes[1].get("crawl.json", project="example", crawl="big-2") == {
@@ -142,6 +151,12 @@ def test_a_cancelled_crawl_leaves_nothing_running_and_no_request_held(database_u
         answer = cluster.nodes[0].post("schedule.json", project="example", spider="site", jobid="big",
                                        site=site.url, _workers="3")
         wait_for(lambda: len(pages(tmp_path)) >= 5, 60, "the crawl to fetch pages")
+        # While it runs, /metrics on any node has the crawl's gauges under its spider.
+        samples = scrape(cluster.nodes[1])
+        gauges = {name: value(samples, f"scrapyd_pgqueue_frontier_{name}", project="example", spider="site")
+                  for name in ("crawls", "workers", "queued_requests", "in_flight_requests")}
+        assert gauges["crawls"] == 1 and 1 <= gauges["workers"] <= 3, gauges
+        assert gauges["queued_requests"] + gauges["in_flight_requests"] > 0, gauges
         cancel = cluster.nodes[1].post("cancel.json", project="example", job="big", _tree="1")
         assert cancel["status"] == "ok", cancel
         wait_for(lambda: terminated(database_url, answer["workers"]), 60, "every worker to end")
@@ -150,14 +165,15 @@ def test_a_cancelled_crawl_leaves_nothing_running_and_no_request_held(database_u
     # Nothing of the crawl is held by a worker; what was not fetched stays ready, never handed out again.
     statuses = dict(query(database_url, "SELECT status, count(*) FROM crawl_request GROUP BY status"))
     assert "leased" not in statuses and statuses["ready"] > 0, statuses
+    assert value(scrape(cluster.nodes[0]), "scrapyd_pgqueue_frontier_crawls", project="example", spider="site") is None
 
 
 def test_workers_out_of_range_or_not_a_number_are_refused_as_scrapyd_refuses(database_url, start_cluster):
     node, = start_cluster(database_url, 1, max_workers="4").nodes
-    for value, message in (("0", "workers must be at least 1, not 0"), ("5", "_workers must be at most 4 "
-                           "(max_workers), not 5"), ("two", "workers must be an integer, not 'two'")):
+    for workers, message in (("0", "workers must be at least 1, not 0"), ("5", "_workers must be at most 4 "
+                             "(max_workers), not 5"), ("two", "workers must be an integer, not 'two'")):
         answer = node.post("schedule.json", project="example", spider="site", site="http://127.0.0.1:9",
-                           _workers=value)
+                           _workers=workers)
         assert answer["status"] == "error" and message in answer["message"], answer
     batch = {"project": "example", "jobs": [{"spider": "site", "args": {"site": "http://127.0.0.1:9"}, "workers": 2}]}
     answer = node.post_json("schedule_batch.json", batch)

@@ -7,17 +7,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import jobs, query, runs_of, schedule, wait_for
+from helpers import jobs, query, runs_of, schedule, scrape, value, wait_for
 from scrapyd_pgqueue.web.prometheus import documented_metrics
-
-
-def scrape(node) -> dict:
-    """{(sample name, frozenset of labels): value} of one scrape."""
-    with urllib.request.urlopen(f"{node.url}metrics", timeout=30) as response:
-        assert response.headers["Content-Type"].startswith("text/plain")
-        families = text_string_to_metric_families(response.read().decode())
-    return {(sample.name, frozenset(sample.labels.items())): sample.value for family in families
-            for sample in family.samples}
 
 
 def exported(node) -> set[tuple[str, str]]:
@@ -25,10 +16,6 @@ def exported(node) -> set[tuple[str, str]]:
     with urllib.request.urlopen(f"{node.url}metrics", timeout=30) as response:
         families = text_string_to_metric_families(response.read().decode())
     return {(family.name + ("_total" if family.type == "counter" else ""), family.type) for family in families}
-
-
-def value(samples, name, **labels):
-    return samples.get((name, frozenset(labels.items())))
 
 
 def test_metrics_match_the_database_and_the_node_s_crawls(database_url, start_cluster, tmp_path):

@@ -316,7 +316,7 @@ class PostgresLauncher(Launcher):
             env[launch.LAUNCH_VARIABLE] = str(launch.LAUNCH_FD)
             process.env = crawl_environment(env, self.secrets)
             # Its arguments and its token (crawl trees: the node's endpoint) go in its launch, never its command line.
-            process.token = self.crawl_api.admit(project, message["_job"], claimed)
+            process.token = self.crawl_api.admit(project, message["_job"], claimed, spider=message["_spider"])
             process.args = [*spawning.PYTHON, "-m", self.runner, "crawl"]
             process.launch = self._launch(process, environment, message)
             process.uid = uid

@@ -82,6 +82,7 @@ class CrawlScope:
     project: str
     job: str
     row_id: int | None
+    spider: str = ""
     pid: int | None = field(default=None)
     crawl: int | None = field(default=None)  # the crawl it works for, once it used the frontier
 
@@ -105,10 +106,10 @@ class CrawlApi(resource.Resource):
 
     # --- tokens (reactor thread) ------------------------------------------------------------------------------
 
-    def admit(self, project: str, job: str, claimed) -> str:
+    def admit(self, project: str, job: str, claimed, spider: str = "") -> str:
         """A new token for a crawl about to start (never logged)."""
         token = secrets.token_urlsafe(32)
-        self.scopes[token] = CrawlScope(project, job, None if claimed is None else claimed.id)
+        self.scopes[token] = CrawlScope(project, job, None if claimed is None else claimed.id, spider)
         return token
 
     def started(self, token: str, pid: int) -> None:
@@ -208,6 +209,7 @@ class CrawlApi(resource.Resource):
             if scope.crawl is None:
                 raise Refused(409, f"job '{scope.job}' is not running")
         done = frontier.step(scope.crawl, scope.row_id, **step)
+        count_frontier_step(scope, done)
         return {"status": "ok", STORED: done.stored, DUPLICATES: done.duplicates, OPEN: done.crawl_open,
                 LEASED: [{ID: r.id, REQUEST: base64.b64encode(r.request).decode()} for r in done.leased]}
 
@@ -308,6 +310,17 @@ def frontier_step_of(body: dict) -> dict:
         raise Refused(400, f"{NEW}: each request needs {FINGERPRINT}, {PRIORITY}, {SLOT} and {REQUEST} ({e})") from None
     return {"new": requests, "done": integers(DONE), "failed": [tuple(f) for f in failed], "lease": lease,
             "per_slot": per_slot, "delay": float(delay)}
+
+
+def count_frontier_step(scope: CrawlScope, done) -> None:
+    """This node's frontier counters (``/metrics``): what its workers' steps did, by project and spider."""
+    from scrapyd_pgqueue.web import metrics
+
+    requests = metrics.FRONTIER_REQUESTS
+    for event, count in (("stored", done.stored), ("duplicate", done.duplicates), ("leased", len(done.leased)),
+                         ("done", done.finished), ("failed", done.failed)):
+        if count:
+            requests.labels(scope.project, scope.spider, event).inc(count)
 
 
 def peer_pid(request) -> int | None:

@@ -3,7 +3,8 @@
 ``crawl.json?project=P&crawl=ID`` (ID: the crawl's first worker's job id, which ``schedule.json`` answered as
 ``jobid``) answers its frontier's requests: ``queued`` (ready), ``in_flight`` (held by a worker), ``done`` and
 ``failed``; ``duplicates`` dropped (the requests found again, as the workers' Scrapy counted them); ``pages_per_minute``
-(requests done in the last minute); and its ``workers``, each with its state in Scrapyd's names, outcome and node.
+(requests done in the last minute); its ``workers``, each with its state in Scrapyd's names, outcome and node; and
+its ``stats``: the sum of its workers' numeric Scrapy stats.
 Installed through ``[services]`` like the other services.
 """
 
@@ -36,4 +37,5 @@ class Crawl(DatabaseService):
             "pages_per_minute": view.done_last_minute,
             "workers": [{"id": worker.job, "state": SCRAPYD_STATES[worker.status], "outcome": worker.outcome,
                          "node": worker.node} for worker in view.workers],
+            "stats": view.stats,
         }

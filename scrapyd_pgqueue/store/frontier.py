@@ -120,6 +120,36 @@ CRAWL_WORKERS = text("""
     FROM spider_job WHERE crawl = :crawl ORDER BY id
 """)
 
+# A crawl's stats: the sum of its workers' numeric stats (each worker's Scrapy counts its own share of the crawl).
+CRAWL_STATS = text("""
+    SELECT s.key, sum(CAST(s.value AS numeric)) AS total
+    FROM spider_job AS w, jsonb_each(w.stats) AS s
+    WHERE w.crawl = :crawl AND jsonb_typeof(w.stats) = 'object' AND jsonb_typeof(s.value) = 'number'
+    GROUP BY s.key ORDER BY s.key
+""")
+
+# The crawls with a worker not yet ended (at most :crawls, newest first), each with its first job, spider, workers
+# running and in all, its ready requests counted up to :cap (crawl_request_ready_idx) and those held (a few per
+# running worker, crawl_request_leased_idx). The crawls come from spider_job_crawl_idx: active workers and the kept
+# finished ones bound them.
+OPEN_CRAWLS = text("""
+    SELECT c.job AS crawl, c.project, c.spider, o.running, o.workers,
+           (SELECT count(*) FROM (SELECT 1 FROM crawl_request AS r
+                                  WHERE r.crawl = c.id AND r.status = 'ready' LIMIT :cap) AS capped) AS queued,
+           (SELECT count(*) FROM crawl_request AS r WHERE r.crawl = c.id AND r.status = 'leased') AS in_flight
+    FROM (SELECT crawl, count(*) FILTER (WHERE status = 'ongoing') AS running, count(*) AS workers
+          FROM spider_job WHERE crawl IS NOT NULL
+          GROUP BY crawl
+          HAVING bool_or(status <> 'terminated')
+          ORDER BY crawl DESC
+          LIMIT :crawls) AS o
+    JOIN spider_job AS c ON c.id = o.crawl
+    ORDER BY o.crawl DESC
+""")
+# Ready requests counted per crawl at most, and crawls listed at most, by OPEN_CRAWLS.
+QUEUED_COUNT_CAP = 100_000
+MAX_OPEN_CRAWLS = 200
+
 # A crawl's jobs, all stored in the caller's transaction: each a worker of the crawl (its first job's row).
 JOIN_CRAWL = text("UPDATE spider_job SET crawl = :crawl WHERE id = ANY(CAST(:ids AS bigint[]))")
 
@@ -160,11 +190,13 @@ class LeasedRequest:
 
 @dataclass(frozen=True)
 class Step:
-    """What a worker's step did: requests stored (the rest of its new ones were duplicates), the requests it leased
-    in order, and whether the crawl still has work."""
+    """What a worker's step did: requests stored (the rest of its new ones were duplicates), marked done and failed
+    (its own leases only), the requests it leased in order, and whether the crawl still has work."""
 
     stored: int
     duplicates: int
+    finished: int
+    failed: int
     leased: list[LeasedRequest]
     crawl_open: bool
 
@@ -184,6 +216,20 @@ class CrawlView:
     requests: dict[str, int]  # by status: ready, leased, done, failed
     done_last_minute: int
     workers: list[Worker]
+    stats: dict[str, int | float]  # the sum of the workers' numeric stats
+
+
+@dataclass(frozen=True)
+class OpenCrawl:
+    """A crawl with a worker not yet ended."""
+
+    crawl: str  # the first worker's job id
+    project: str
+    spider: str
+    running: int  # workers running now
+    workers: int  # workers in all, ended ones included
+    queued: int  # ready requests, counted up to QUEUED_COUNT_CAP
+    in_flight: int  # requests held by its workers
 
 
 class FrontierStore(StorePerEngine):
@@ -203,11 +249,12 @@ class FrontierStore(StorePerEngine):
                 stored = connection.execute(STORE_REQUESTS, {
                     **scope, "fingerprints": [r.fingerprint for r in new], "priorities": [r.priority for r in new],
                     "slots": [r.slot for r in new], "requests": [r.request for r in new]}).rowcount
+            finished = failures = 0
             if done:
-                connection.execute(FINISH_REQUESTS, {**scope, "ids": list(done)})
+                finished = connection.execute(FINISH_REQUESTS, {**scope, "ids": list(done)}).rowcount
             if failed:
-                connection.execute(FAIL_REQUESTS, {**scope, "ids": [i for i, _ in failed],
-                                                   "errors": [error for _, error in failed]})
+                failures = connection.execute(FAIL_REQUESTS, {**scope, "ids": [i for i, _ in failed],
+                                                              "errors": [error for _, error in failed]}).rowcount
             leased = []
             if lease > 0:
                 connection.execute(LOCK_CRAWL_LEASES, scope)
@@ -216,7 +263,7 @@ class FrontierStore(StorePerEngine):
                 leased = sorted((LeasedRequest(row.id, row.priority, bytes(row.request)) for row in rows),
                                 key=lambda r: (-r.priority, r.id))
             crawl_open = bool(leased) or connection.execute(CRAWL_OPEN, scope).scalar()
-        return Step(stored, len(new) - stored, leased, crawl_open)
+        return Step(stored, len(new) - stored, finished, failures, leased, crawl_open)
 
     @database_errors
     def crawl_of(self, row_id: int) -> int | None:
@@ -240,5 +287,14 @@ class FrontierStore(StorePerEngine):
                 return None
             requests = connection.execute(COUNT_REQUESTS, {"crawl": crawl}).one()
             workers = [Worker(**row._asdict()) for row in connection.execute(CRAWL_WORKERS, {"crawl": crawl})]
+            stats = {row.key: int(row.total) if row.total == int(row.total) else float(row.total)
+                     for row in connection.execute(CRAWL_STATS, {"crawl": crawl})}
         return CrawlView(job, {"ready": requests.ready, "leased": requests.leased, "done": requests.done,
-                               "failed": requests.failed}, requests.done_last_minute, workers)
+                               "failed": requests.failed}, requests.done_last_minute, workers, stats)
+
+    @database_errors
+    def open_crawls(self) -> list[OpenCrawl]:
+        """The crawls with a worker not yet ended, newest first (MAX_OPEN_CRAWLS at most)."""
+        with db.autocommit(self.engine) as connection:
+            rows = connection.execute(OPEN_CRAWLS, {"cap": QUEUED_COUNT_CAP, "crawls": MAX_OPEN_CRAWLS})
+            return [OpenCrawl(**row._asdict()) for row in rows]

@@ -14,7 +14,7 @@ import threading
 
 # The node's metrics, in the order /metrics exports them.
 METRIC_NAMES = ("CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS", "ITEMS_SCRAPED",
-                "CRAWL_ERRORS", "STATS_LINES_DROPPED", "WEBHOOK_DELIVERIES")
+                "CRAWL_ERRORS", "STATS_LINES_DROPPED", "WEBHOOK_DELIVERIES", "FRONTIER_REQUESTS")
 _NAMES = ("REGISTRY", *METRIC_NAMES)
 _building = threading.Lock()  # the reactor and the web threads may count first at the same moment
 
@@ -71,6 +71,12 @@ def _build() -> dict:
         "WEBHOOK_DELIVERIES": Counter(
             "scrapyd_pgqueue_webhook_deliveries", "Webhook deliveries this node attempted, by outcome (delivered; "
             "failed: retried later; given_up: past webhook_retry_hours).", ["outcome"], registry=registry,
+        ),
+        # From the frontier steps of the crawls this node runs (node/crawl_api.py): the crawl's pace, summed over nodes.
+        "FRONTIER_REQUESTS": Counter(
+            "scrapyd_pgqueue_frontier_requests", "Frontier requests of the crawls this node ran, by project, spider "
+            "and event (stored, duplicate: found again and dropped, leased, done, failed: past Scrapy's retries).",
+            ["project", "spider", "event"], registry=registry,
         ),
     }
     for outcome in ("delivered", "failed", "given_up"):

@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from scrapyd_pgqueue.database.db import DatabaseError
 from scrapyd_pgqueue.store import PENDING_COUNT_CAP, AllJobsStore, OverviewStore
+from scrapyd_pgqueue.store.frontier import FrontierStore
 from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.web.page import ThreadedPage
@@ -40,6 +41,15 @@ CLUSTER_GAUGES = {
     "scrapyd_pgqueue_unroutable_jobs": (
         "Pending jobs that no live node can run, by the tags they require (comma-separated; counted up to 10,000 "
         "each).", ("tags",)),
+    "scrapyd_pgqueue_frontier_crawls": ("Crawls spread over workers (_workers) with a worker not yet ended, by project "
+                                        "and spider.", ("project", "spider")),
+    "scrapyd_pgqueue_frontier_workers": ("Workers of those crawls running now, by project and spider.",
+                                         ("project", "spider")),
+    "scrapyd_pgqueue_frontier_queued_requests": (
+        "Requests of those crawls ready in their frontier, by project and spider (counted up to 100,000 a crawl).",
+        ("project", "spider")),
+    "scrapyd_pgqueue_frontier_in_flight_requests": ("Requests of those crawls held by their workers, by project and "
+                                                    "spider.", ("project", "spider")),
     "scrapyd_pgqueue_wanted_nodes": (
         "Nodes of this node's max_proc the queue's work needs now: running jobs and due ones, within the spiders' "
         "limits (what KEDA's ScaledObject asks); 0 when idle.", ()),
@@ -111,7 +121,23 @@ class ClusterCollector:
         for pool in PoolStore.for_settings(self.settings).unroutable(self.settings.lease_seconds, PENDING_COUNT_CAP):
             unroutable.add_metric([",".join(pool.tags)], pool.jobs)
         yield unroutable
+        yield from frontier_families(FrontierStore.for_settings(self.settings).open_crawls())
         yield gauge("scrapyd_pgqueue_wanted_nodes", overview.wanted_nodes(self.slots))
+
+
+def frontier_families(crawls):
+    """The frontier's gauges: the open crawls summed per project and spider."""
+    families = {name: gauge(f"scrapyd_pgqueue_frontier_{name}")
+                for name in ("crawls", "workers", "queued_requests", "in_flight_requests")}
+    totals: dict[tuple[str, str], list[int]] = {}
+    for crawl in crawls:
+        total = totals.setdefault((crawl.project, crawl.spider), [0, 0, 0, 0])
+        for index, count in enumerate((1, crawl.running, crawl.queued, crawl.in_flight)):
+            total[index] += count
+    for labels, total in totals.items():
+        for family, count in zip(families.values(), total):
+            family.add_metric(list(labels), count)
+    yield from families.values()
 
 
 def node_families(settings, slots: int):
