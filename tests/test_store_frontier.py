@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from helpers import query
+from helpers import finish, query
 from scrapyd_pgqueue.store import JobStore
 from scrapyd_pgqueue.store.frontier import FrontierStore, NewRequest
 
@@ -142,3 +142,19 @@ def test_with_a_delay_a_download_slot_gives_one_request_per_delay_to_the_whole_c
     # The delay is the crawl's: the queue's deletion of its first row takes its slots' times with it.
     query(database_url, "DELETE FROM spider_job WHERE id = %s", (crawl,))
     assert query(database_url, "SELECT count(*) FROM crawl_slot") == [(0,)]
+
+
+def test_a_crawl_s_first_row_is_kept_with_its_frontier_while_another_worker_runs(database_url):
+    store = JobStore.for_url(database_url)
+    for n in range(2):
+        store.enqueue("p", {"name": "big", "_job": f"worker-{n}"})
+    first, second = sorted(store.claim_next_jobs(["p"], 2, node="n", worker="w").jobs, key=lambda job: job.id)
+    query(database_url, "UPDATE spider_job SET crawl = %s WHERE id = ANY(%s)", (first.id, [first.id, second.id]))
+    FrontierStore.for_url(database_url).step(first.id, second.id, new=[new("a")])
+    finish(store, first, outcome="cancelled", worker="w")  # the crawl's first worker ends early; the second still crawls
+
+    assert store.prune_terminated(keep=0) == 0  # no finished job kept, yet the crawl's first row stays
+    assert query(database_url, "SELECT count(*) FROM crawl_request") == [(1,)]
+    finish(store, second, worker="w")
+    assert store.prune_terminated(keep=0) == 2  # both, and the crawl's frontier with them
+    assert query(database_url, "SELECT count(*) FROM crawl_request") == [(0,)]

@@ -78,10 +78,13 @@ INSERT_TERMINATED = text("""
 
 # Delete terminated jobs beyond the newest :keep (reads spider_job_terminated_idx). Nodes prune after every finish,
 # at the same time: SKIP LOCKED leaves rows another pruner is deleting to it, instead of deadlocking with it. Dead
-# jobs stay (the dead letters, until requeue --dead, prune --older-than, or PRUNE_DEAD with dead_to_keep).
+# jobs stay (the dead letters, until requeue --dead, prune --older-than, or PRUNE_DEAD with dead_to_keep). A crawl's
+# first row stays while another of its workers has not ended: its frontier goes with it (ON DELETE CASCADE).
 PRUNE_TERMINATED = text("""
     DELETE FROM spider_job WHERE id IN (
-        SELECT id FROM spider_job WHERE status = 'terminated' AND outcome IS DISTINCT FROM 'dead'
+        SELECT id FROM spider_job AS j WHERE status = 'terminated' AND outcome IS DISTINCT FROM 'dead'
+            AND (crawl IS DISTINCT FROM id OR NOT EXISTS (
+                SELECT 1 FROM spider_job AS w WHERE w.crawl = j.id AND w.status <> 'terminated'))
         ORDER BY end_time DESC OFFSET :keep
         FOR UPDATE SKIP LOCKED
     )
@@ -91,7 +94,9 @@ PRUNE_TERMINATED = text("""
 # its own, run only with dead_to_keep set, so that the prune after every finish keeps its plan.
 PRUNE_DEAD = text("""
     DELETE FROM spider_job WHERE id IN (
-        SELECT id FROM spider_job WHERE status = 'terminated' AND outcome = 'dead'
+        SELECT id FROM spider_job AS j WHERE status = 'terminated' AND outcome = 'dead'
+            AND (crawl IS DISTINCT FROM id OR NOT EXISTS (
+                SELECT 1 FROM spider_job AS w WHERE w.crawl = j.id AND w.status <> 'terminated'))
         ORDER BY end_time DESC OFFSET :keep
         FOR UPDATE SKIP LOCKED
     )

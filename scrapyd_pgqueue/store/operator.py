@@ -149,9 +149,12 @@ REQUEUE = text("""
 # Forget the stored log of a requeued job's previous run.
 DELETE_LOG = text("DELETE FROM job_log WHERE job_id = :id")
 
-# Delete finished jobs that ended more than :seconds ago on the database's clock (their logs go with them).
+# Delete finished jobs that ended more than :seconds ago on the database's clock (their logs go with them); a crawl's
+# first row stays while another of its workers has not ended (its frontier goes with it).
 PRUNE_FINISHED_OLDER_THAN = text("""
-    DELETE FROM spider_job WHERE status = 'terminated' AND end_time < now() - make_interval(secs => :seconds)
+    DELETE FROM spider_job AS j WHERE status = 'terminated' AND end_time < now() - make_interval(secs => :seconds)
+        AND (crawl IS DISTINCT FROM id OR NOT EXISTS (
+            SELECT 1 FROM spider_job AS w WHERE w.crawl = j.id AND w.status <> 'terminated'))
 """)
 
 
