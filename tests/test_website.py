@@ -1,17 +1,30 @@
 """/jobs in a real browser against three real nodes: a job scheduled through node 1 and running on node 3 is listed on
 node 2 with its node, and node 2's Cancel button stops it; pending jobs in run order; cancelled pending jobs without
 a start; job ids and arguments from users shown as text, never run; a page parameter out of range or malformed
-answers a 400 page with the reason (/jobs and /dashboard alike)."""
+answers a 400 page with the reason (/jobs and /dashboard alike); a crawl spread over workers on /dashboard and each of
+its workers' rows of /jobs."""
 
 from __future__ import annotations
 
+import json
 from urllib.parse import urlencode
 
 import pytest
 import requests
 from selenium.webdriver.common.by import By
 
-from helpers import CLAIM_AT_START_ONLY, csp_violations, jobs, runs_of, schedule, screenshot, wait_for
+from helpers import (
+    CLAIM_AT_START_ONLY,
+    SiteServer,
+    csp_violations,
+    jobs,
+    query,
+    runs_of,
+    schedule,
+    screenshot,
+    table_rows,
+    wait_for,
+)
 
 STOCK = ["Project", "Spider", "Job", "PID", "Start", "Runtime", "Finish", "Log"]
 INJECTED_JOB = "<img src=x onerror=window.injected=1>"
@@ -54,9 +67,11 @@ def test_a_job_scheduled_on_node1_running_on_node3_is_cancelled_from_node2s_page
     assert browser.find_element(By.TAG_NAME, "h1").text == "Jobs"
     headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#jobs thead th")]
     # Scrapyd's columns first, ours after them (ScrapydWeb reads by position), the job's stats last.
-    assert headers == [*STOCK, "Cancel", "Node", "Outcome", "Items scraped", "Errors", "Finish reason", "Tags"]
+    assert headers == [*STOCK, "Cancel", "Node", "Outcome", "Items scraped", "Errors", "Finish reason", "Tags",
+                       "Crawl"]
     running = {row["Job"]: row for row in section_rows(browser, "Running")}
     assert running["steered"]["Node"] == "node3" and running["steered"]["PID"] == str(run["pid"])
+    assert running["steered"]["Crawl"] == ""  # a job of its own, no worker of a crawl
     log = row_of(browser, "steered").find_element(By.LINK_TEXT, "Log").get_attribute("href")
     assert log == f"{node3.url}logs/example/sleeper/steered.log"
     screenshot(browser, artifacts, "jobs-running-on-node3")
@@ -158,3 +173,69 @@ def test_a_page_parameter_out_of_range_or_malformed_answers_400_with_the_reason(
     # listjobs.json keeps its JSON error.
     assert node.get("listjobs.json", pending_offset="100000000000000000000") == {
         "status": "error", "message": "pending_offset may be at most 4611686018427387904", "node_name": "node1"}
+
+
+CRAWL = "<b>wide&co"  # the crawl's id, its first worker's: shown as text, never as markup
+SITE_PAGES = 200
+
+
+def test_a_crawl_spread_over_workers_is_on_the_dashboard_and_each_worker_s_row_of_jobs(
+    cluster, database_url, browser, artifacts
+):
+    node1, node2, node3 = cluster.nodes
+    workers = [CRAWL, f"{CRAWL}-2", f"{CRAWL}-3"]
+    # Each page links to 4 new ones: requests queue up. Slow enough to be running when the pages are read: node 3's
+    # one slot runs one worker, 2 requests in flight at most.
+    site_links = {str(i): [str(j) for j in range(4 * i + 1, 4 * i + 5) if j < SITE_PAGES] for i in range(SITE_PAGES)}
+    with SiteServer(site_links, delay=0.3) as site:
+        answer = node1.post("schedule.json", project="example", spider="site", jobid=CRAWL, site=site.url,
+                            _workers="3", setting="CONCURRENT_REQUESTS_PER_DOMAIN=2")
+        assert answer["status"] == "ok" and answer["workers"] == workers, answer
+        wait_for(lambda: node2.get("crawl.json", project="example", crawl=CRAWL)["done"] >= 3, 60,
+                 "the crawl to fetch pages")
+
+        # The dashboard's row, between two reads of crawl.json: stored requests only grow, and so do those done.
+        before = node2.get("crawl.json", project="example", crawl=CRAWL)
+        browser.get(f"{node2.url}dashboard")
+        after = node2.get("crawl.json", project="example", crawl=CRAWL)
+        [row] = [row for row in table_rows(browser, "crawls") if row]
+        assert row[:4] == [CRAWL, "example", "site", "1 / 3"]  # node 3's one slot runs one worker of three
+        queued, in_flight = int(row[4].replace(",", "")), int(row[5])
+        assert 0 <= queued <= SITE_PAGES and 0 <= in_flight <= 2
+        assert stored(before) - ended(after) <= queued + in_flight <= stored(after) - ended(before)
+        assert browser.find_elements(By.CSS_SELECTOR, "#crawls b") == []  # the id's markup shown as text
+        screenshot(browser, artifacts, "dashboard-crawls")
+        assert csp_violations(browser) == []
+
+        # Every worker's row of /jobs names its crawl, running or pending.
+        browser.get(f"{node2.url}jobs")
+        running, pending = section_rows(browser, "Running"), section_rows(browser, "Pending")
+        assert (len(running), len(pending)) == (1, 2)
+        assert sorted((row["Job"], row["Crawl"]) for row in running + pending) == [(job, CRAWL) for job in workers]
+        assert browser.find_elements(By.CSS_SELECTOR, "#jobs b") == []
+        screenshot(browser, artifacts, "jobs-crawl")
+
+        # The crawl's link reaches its crawl.json, the id quoted in the URL.
+        row_of(browser, CRAWL).find_element(By.LINK_TEXT, CRAWL).click()
+        assert json.loads(browser.find_element(By.TAG_NAME, "body").text)["crawl"] == CRAWL
+
+        assert node2.post("cancel.json", project="example", job=CRAWL, _tree="1")["status"] == "ok"
+        wait_for(lambda: query(database_url, "SELECT count(*) FROM spider_job WHERE job = ANY(%s) "
+                                             "AND status = 'terminated'", (workers,))[0][0] == 3, 60,
+                 "every worker to end")
+
+    # Ended: off the dashboard, and still named on each finished worker's row.
+    browser.get(f"{node2.url}jobs")
+    assert sorted((row["Job"], row["Crawl"]) for row in section_rows(browser, "Finished")) == [
+        (job, CRAWL) for job in workers]
+    browser.get(f"{node2.url}dashboard")
+    assert browser.find_element(By.ID, "crawls").text == "No crawl spread over workers is running."
+
+
+def stored(view: dict) -> int:
+    """A crawl.json answer's requests stored in all."""
+    return view["queued"] + view["in_flight"] + view["done"] + view["failed"]
+
+
+def ended(view: dict) -> int:
+    return view["done"] + view["failed"]

@@ -14,6 +14,8 @@ from typing import Any
 
 from scrapyd_pgqueue.database import clock
 from scrapyd_pgqueue.store import COUNT_CAP, AllJobsStore, OverviewStore, ScheduleStore, local_time
+from scrapyd_pgqueue.store.frontier import MAX_OPEN_CRAWLS, QUEUED_COUNT_CAP, FrontierStore
+from scrapyd_pgqueue.web.jobs import crawl_link
 from scrapyd_pgqueue.web.page import ThreadedPage, document, esc, int_parameter, no_microseconds, quoted_log_path
 from scrapyd_pgqueue.web.svg import minute_chart
 
@@ -107,6 +109,23 @@ def render_depth(depths, view) -> str:
     return table("depth", headers, rows, "No jobs.") + note
 
 
+def fetch_crawls(cluster, overview, view):
+    return FrontierStore.for_engine(overview.engine).open_crawls()
+
+
+def render_crawls(crawls, view) -> str:
+    def cells(crawl):
+        return [f"<td>{crawl_link(view.base, crawl.project, crawl.crawl)}</td>", cell(crawl.project), cell(crawl.spider),
+                number_cell(f"{crawl.running} / {crawl.workers}"),
+                number_cell(count_text(crawl.queued, QUEUED_COUNT_CAP)), number_cell(f"{crawl.in_flight:,}")]
+
+    note = (f"<p>Crawls spread over workers (_workers) with a worker not yet ended, the newest {MAX_OPEN_CRAWLS} at "
+            f"most; queued: the requests ready to fetch, counted up to {QUEUED_COUNT_CAP:,}; in flight: those its "
+            "workers hold.</p>")
+    return table("crawls", ["Crawl", "Project", "Spider", "Workers running / in all", "Queued", "In flight"],
+                 table_rows("crawl", crawls, cells), "No crawl spread over workers is running.") + note
+
+
 def fetch_throughput(cluster, overview, view):
     since = (view.now - datetime.timedelta(hours=view.hours)).replace(second=0, microsecond=0)
     return since, *overview.per_minute(since)
@@ -192,6 +211,7 @@ def render_limits(limits, view) -> str:
 SECTIONS = [
     Section("Nodes", fetch_nodes, render_nodes),
     Section("Queue by spider", fetch_depth, render_depth),
+    Section("Crawls", fetch_crawls, render_crawls),
     Section("Throughput", fetch_throughput, render_throughput),
     Section("Items per spider", fetch_items, render_items),
     Section("Newest failures", fetch_failures, render_failures),
@@ -220,8 +240,9 @@ def number_cell(value) -> str:
     return f'<td class="number">{esc(value)}</td>'
 
 
-def count_text(count: int) -> str:
-    return f"{count:,}+" if count >= COUNT_CAP else f"{count:,}"
+def count_text(count: int, cap: int = COUNT_CAP) -> str:
+    """A count its query stopped at ``cap``: shown as at least that many."""
+    return f"{count:,}+" if count >= cap else f"{count:,}"
 
 
 class DashboardPage(ThreadedPage):

@@ -3,8 +3,9 @@
 Pending jobs one page at a time in run order (``?pending_offset=``), the running jobs of every node, and the kept
 finished jobs with their outcome. Scrapyd's columns come first, in Scrapyd's order, with plain ``<td>`` cells under
 ``<h1>Jobs</h1>``: ScrapydWeb reads this page by position. Node and Outcome follow them, then the job's items
-scraped, errors and finish reason (from its stats), then the tags a node needs to run it. A pending job that no live
-node can run (none has all of its tags) says ``unroutable`` in its Outcome cell.
+scraped, errors and finish reason (from its stats), then the tags a node needs to run it, then the crawl it is a
+worker of (a crawl spread over workers: its first worker's job id, linked to its ``crawl.json``). A pending job that
+no live node can run (none has all of its tags) says ``unroutable`` in its Outcome cell.
 
 Log links: a stored log (finished jobs) and a log file of this node are served here; a running job's log is on its
 node, linked at that node's registered URL. A node whose ``node_url`` is not set registers a URL made of its host
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlencode, urljoin, urlsplit
 
 from scrapyd_pgqueue.crawl_process.job_stats import stats_summary
 from scrapyd_pgqueue.database import clock
@@ -36,6 +37,7 @@ EXTRA_HEADERS = ["Node", "Outcome"]
 # From each job's stats (job_stats.stats_summary), after every other column: pages read by position keep theirs.
 STATS_HEADERS = ["Items scraped", "Errors", "Finish reason"]
 POOL_HEADERS = ["Tags"]
+CRAWL_HEADERS = ["Crawl"]
 PENDING_PAGE_SIZE = 100
 
 
@@ -60,7 +62,7 @@ class JobsPage(ThreadedPage):
             headers.append("Items")
         if b"cancel.json" in self.root.children:
             headers.append("Cancel")
-        return headers + EXTRA_HEADERS + STATS_HEADERS + POOL_HEADERS
+        return headers + EXTRA_HEADERS + STATS_HEADERS + POOL_HEADERS + CRAWL_HEADERS
 
     def fetch(self, offset: int) -> JobsData:
         settings = self.root.settings
@@ -158,7 +160,7 @@ class Rows:
             "Project": esc(job.project), "Spider": esc(job.message.get("name")), "Job": esc(job_id),
             "Cancel": self.cancel_button(job.project, job_id),
             "Outcome": "unroutable" if job.run_at is None and job.pool in self.unroutable else None,
-            "Tags": esc(",".join(job.tags)),
+            "Tags": esc(",".join(job.tags)), "Crawl": self.crawl_link(job),
         })
 
     def running(self, job) -> str:
@@ -169,7 +171,7 @@ class Rows:
             "Start": esc(no_microseconds(local_time(start))), "Runtime": esc(runtime),
             "Log": self.log_link(job, stored=False), "Items": self.items_link(job),
             "Cancel": self.cancel_button(job.project, job.job), "Node": esc(job.node),
-            **stats_cells(job.stats, running=True), "Tags": esc(",".join(job.tags)),
+            **stats_cells(job.stats, running=True), "Tags": esc(",".join(job.tags)), "Crawl": self.crawl_link(job),
         })
 
     def finished(self, job) -> str:
@@ -181,7 +183,7 @@ class Rows:
             "Runtime": esc(end - start if start and end else None), "Finish": esc(end),
             "Log": self.log_link(job, stored=job.has_log) if ran else None, "Items": self.items_link(job),
             "Node": esc(job.node), "Outcome": esc(job.outcome), **stats_cells(job.stats, running=False),
-            "Tags": esc(",".join(job.tags)),
+            "Tags": esc(",".join(job.tags)), "Crawl": self.crawl_link(job),
         })
 
     def log_link(self, job, stored: bool) -> str:
@@ -195,9 +197,18 @@ class Rows:
             return f'<span class="no-node-url">on {esc(job.node)}: node_url not set there</span>'
         return f'<a href="{esc(urljoin(url, path.lstrip("/")))}">Log</a>'
 
+    def crawl_link(self, job) -> str | None:
+        return crawl_link(self.base, job.project, job.crawl) if job.crawl is not None else None
+
     def items_link(self, job) -> str | None:
         url = self.root.get_item_url(job)
         return f'<a href="{self.base}{esc(url)}">Items</a>' if url else None
+
+
+def crawl_link(base: str, project: str, crawl: str) -> str:
+    """The crawl's id, linked to its crawl.json (escaped)."""
+    query = urlencode({"project": project, "crawl": crawl})
+    return f'<a href="{base}/crawl.json?{esc(query)}">{esc(crawl)}</a>'
 
 
 def stats_cells(stats, running: bool) -> dict[str, str | None]:
