@@ -11,9 +11,11 @@ import collections
 import contextlib
 import json
 import os
+import pickle
 import signal
 import time
 
+import pytest
 from scrapy import Request
 from scrapy.utils.request import fingerprint
 
@@ -305,3 +307,25 @@ def test_a_worker_s_memory_is_the_same_with_100k_requests_queued_as_with_1k(data
     # The spider yielded every start request at once; the worker held a step's worth at a time, never the crawl's.
     assert memory[100_000]["VmHWM"] <= 1.1 * memory[1_000]["VmHWM"], memory
     assert memory[100_000]["VmRSS"] <= 1.1 * memory[1_000]["VmRSS"], memory
+
+
+def test_a_request_that_cannot_be_stored_fails_at_enqueue_naming_it():
+    import threading as unpicklable
+
+    from scrapy import Spider
+
+    from scrapyd_pgqueue.crawl_process.frontier_outputs import stored_request
+
+    class Site(Spider):
+        name = "site"
+
+        def parse(self, response):
+            pass
+
+    spider = Site()
+    assert pickle.loads(stored_request(Request("http://a/1", callback=spider.parse), spider))["url"] == "http://a/1"
+    for request in (Request("http://a/2", callback=lambda response: None),
+                    Request("http://a/3", meta={"lock": unpicklable.Lock()})):
+        with pytest.raises(ValueError, match=rf"<GET {request.url}> cannot be stored in the frontier: .*callbacks "
+                                             "must be methods of the spider, meta values picklable"):
+            stored_request(request, spider)
