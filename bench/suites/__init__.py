@@ -21,6 +21,8 @@ from bench.suites import (
     crawlstart,
     delayed,
     depth,
+    frontier,
+    frontierstore,
     idle,
     idlenode,
     notify,
@@ -62,7 +64,10 @@ SUITES = [
     Suite("tickstats", tickstats),
     Suite("crawlstart", crawlstart),
     Suite("warmstart", warmstart),
+    # Starts one real node and, when installed, a redis-server and scrapy-redis workers.
+    Suite("frontier", frontier),
     Suite("bulk", bulk),
+    Suite("frontierstore", frontierstore),
     # Starts its own Postgres (max_connections above 1,000 listening sessions) and one real node.
     Suite("notify", notify),
     # Starts its own Postgres and PgBouncer, 100 real Scrapyd nodes twice and up to 1,000 simulated ones: last.
