@@ -11,9 +11,11 @@ would fail.
 
 from __future__ import annotations
 
+from scrapyd_pgqueue.crawl_process.early_cancel import exit_quietly_until_scrapy_handles_signals
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
 
-if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, other processes lose sight of it
+if __name__ == "__main__":  # a crawl or `scrapy list`: before anything else, a cancel ends it quietly and other
+    exit_quietly_until_scrapy_handles_signals()  # processes lose sight of it
     make_not_dumpable()
 
 from scrapyd import runner as scrapyd_runner  # noqa: E402 - after the line above

@@ -35,6 +35,7 @@ import sys
 
 from scrapyd_pgqueue.crawl_process import launch
 from scrapyd_pgqueue.crawl_process.crawl_node import PROJECT_VARIABLE
+from scrapyd_pgqueue.crawl_process.early_cancel import CANCEL_SIGNALS, exit_quietly_until_scrapy_handles_signals
 from scrapyd_pgqueue.crawl_process.job_stats import REPORTING_RUNNER, STATS_FD
 from scrapyd_pgqueue.crawl_process.not_dumpable import make_not_dumpable
 
@@ -193,8 +194,8 @@ class WarmProcess:
             os.dup2(fds[1], 2)
             for fd in (stdin, *fds):
                 os.close(fd)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            signal.pthread_sigmask(signal.SIG_SETMASK, CANCEL_SIGNALS)
+            exit_quietly_until_scrapy_handles_signals()  # a cancel from now on (or pending): no traceback, status 0
             settings_module = os.environ.get("SCRAPY_SETTINGS_MODULE")
             os.environ.clear()
             os.environ.update(request[ENV])
@@ -247,6 +248,8 @@ def main() -> None:
     die_with_parent(os.getppid())  # the node's spawner, which leaves with the node
     launch.enter(launch.read_launch())  # its Landlock domain, before the project's code
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the crawls; they outlive no node anyway
+    # SIGINT and SIGTERM stay blocked, as the spawner started it: the node only ever kills it (SIGKILL), and each crawl
+    # it forks unblocks them once its handlers are in place (run_crawl), so that a cancel never meets this process's.
     gc.disable()
     try:
         import_project(os.environ[PROJECT_VARIABLE])

@@ -22,7 +22,8 @@ The protocol, on a SOCK_SEQPACKET pair (JSON, descriptors attached with SCM_RIGH
 * here -> node: ``{"start": n, "pid": p}`` or ``{"start": n, "error": reason}``, then ``{"start": n, "status": s}``
   (``waitpid``'s status) once the child has exited.
 
-Stdlib only, and nothing of the node: it is started as ``python -s -P -m scrapyd_pgqueue.node.spawner CONFIG``
+Stdlib only (and the signals a crawl expects blocked, from ``crawl_process/early_cancel.py``, itself stdlib only),
+nothing of the node: it is started as ``python -s -P -m scrapyd_pgqueue.node.spawner CONFIG``
 (JSON: whether it switches users, the node's group, the uid range, the base directories, its socket's descriptor).
 """
 
@@ -37,6 +38,8 @@ import signal
 import socket
 import stat
 import sys
+
+from scrapyd_pgqueue.crawl_process.early_cancel import CANCEL_SIGNALS
 
 MAX_MESSAGE = 4 * 1024 * 1024  # a start request: a crawl's environment, never its arguments (the launch channel)
 MAX_FDS = 8
@@ -254,7 +257,8 @@ class Spawner:
                 env.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), SCRATCH_VARIABLE: os.getcwd()})
             for number in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):  # ignored here, default in a new Python
                 signal.signal(number, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            # A cancel waits, pending, until the new program's handlers are in place (crawl_process/early_cancel.py).
+            signal.pthread_sigmask(signal.SIG_SETMASK, CANCEL_SIGNALS)
             os.execve(request["argv"][0], request["argv"], env)
         except BaseException as e:  # noqa: BLE001 - the node reads it as the crawl's own stderr
             os.write(2, f"could not start: {type(e).__name__}: {e}\n".encode(errors="replace"))
