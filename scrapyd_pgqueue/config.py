@@ -175,8 +175,9 @@ class Settings:
         "30", "Seconds any operation (a web request included) waits for the database before it answers an error.",
         DATABASE)
     vacuum_interval: float = option(
-        "5", "Seconds between two VACUUMs of spider_job by the nodes that finish crawls (cluster-wide), when it has "
-        "dead rows; needs the table's owner; 0 leaves it to autovacuum.", DATABASE)
+        "5", "Seconds between two VACUUMs of spider_job and the other tables the nodes churn (job_log, scrapyd_node, "
+        "spider_tree, webhook_event, crawl_request, crawl_slot) by the nodes that finish crawls (cluster-wide), each "
+        "when it has dead rows; needs the tables' owner; 0 leaves them to autovacuum.", DATABASE)
     node_name: str = option(
         "", "The node's name in listjobs.json, the pages and the metrics; unset: the host name.", NODE,
         variable=NODE_NAME_VARIABLE, parse=lambda name, text: text or socket.gethostname())

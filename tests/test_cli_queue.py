@@ -86,8 +86,17 @@ def test_status_of_an_empty_queue(database_url):
         "troubled": [],
         "recovered": [],
         "unroutable": [],
+        "warnings": [],
     }
     assert "Pending: 0" in run(database_url, "status").stdout
+
+
+def test_status_warns_of_the_churned_tables_autovacuum_leaves_alone(database_url, store, admin_connection):
+    with admin_connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE job_log SET (autovacuum_enabled = false)")
+    [warning] = run_json(database_url, "status")["warnings"]
+    assert warning.startswith("autovacuum is off for job_log: ")
+    assert f"Warning: {warning}" in run(database_url, "status").stdout
 
 
 def test_status_shows_jobs_recovered_from_a_node_that_went_away(database_url, store, admin_connection):

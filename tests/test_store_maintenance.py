@@ -1,12 +1,13 @@
 """The nodes' VACUUM of the queue table (store/maintenance.py), on a real Postgres."""
 
+import contextlib
 import datetime
 import time
 import uuid
 
 import pytest
 
-from helpers import node_role, query, wait_for
+from helpers import connect, node_role, query, wait_for
 from scrapyd_pgqueue.store import JobStore, QueueMaintenance
 from scrapyd_pgqueue.store.maintenance import MIN_DEAD_ROWS
 
@@ -116,3 +117,21 @@ def test_indexes_past_their_share_of_the_table_are_rebuilt_and_leftovers_of_a_br
     assert claimed.job == "j6"  # the rebuilt indexes serve the claim, in priority order
     # At the node's factor, a fresh queue has nothing to rebuild, however small its indexes.
     assert QueueMaintenance(store.engine, interval=5.0, min_index_bytes=0).rebuild_thinned_indexes() == 0
+
+
+def test_the_other_tables_the_nodes_churn_are_vacuumed_in_the_same_turn_when_due(database_url, admin_connection):
+    with admin_connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE scrapyd_node SET (autovacuum_enabled = false)")
+    # Every node start registers a row and the stopped ones are forgotten: 1,500 restarts leave 1,500 dead rows.
+    with contextlib.closing(connect(database_url)) as nodes, nodes.cursor() as cursor:
+        for start in range(1500):  # a transaction each, as each start is
+            cursor.execute("INSERT INTO scrapyd_node (id, name, stopped_time) VALUES (%s, 'n', now())", (str(start),))
+        cursor.execute("DELETE FROM scrapyd_node WHERE stopped_time IS NOT NULL")
+    node_stats = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = 'scrapyd_node'"
+    wait_for(lambda: query(database_url, node_stats)[0][0] >= MIN_DEAD_ROWS, 10, "the dead rows in the statistics")
+    [(_, queue_vacuums)] = query(database_url, STATS)
+
+    assert QueueMaintenance(JobStore.for_url(database_url).engine, interval=2.0).vacuum_when_due()
+    [(dead, vacuums)] = query(database_url, node_stats)
+    assert vacuums == 1 and dead < MIN_DEAD_ROWS
+    assert query(database_url, STATS)[0][1] == queue_vacuums  # the queue had nothing to clear: left alone

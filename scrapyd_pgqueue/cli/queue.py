@@ -92,9 +92,16 @@ def duration(text: str) -> datetime.timedelta:
 # --- status ------------------------------------------------------------------------------------------------------
 
 
+def autovacuum_warning(tables: list[str]) -> str:
+    return (f"autovacuum is off for {', '.join(tables)}: the nodes rewrite and delete their rows all the time, and "
+            "vacuum them only where their role owns them (vacuum_interval); otherwise they grow without bound. Turn "
+            "autovacuum on, or VACUUM them on a schedule.")
+
+
 def run_status(args) -> int:
     from scrapyd_pgqueue.database import db
     from scrapyd_pgqueue.store import PENDING_COUNT_CAP
+    from scrapyd_pgqueue.store.maintenance import tables_without_autovacuum
     from scrapyd_pgqueue.store.pools import PoolStore
 
     store = all_jobs_store(args)
@@ -107,6 +114,7 @@ def run_status(args) -> int:
     troubled = store.troubled_jobs(TROUBLED_SHOWN)
     recovered = store.recovered_jobs(TROUBLED_SHOWN)
     unroutable = PoolStore.for_engine(store.engine).unroutable(args.lease_seconds, PENDING_COUNT_CAP)
+    warnings = [autovacuum_warning(tables)] if (tables := tables_without_autovacuum(store.engine)) else []
     if args.json:
         print_json({
             "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
@@ -117,10 +125,13 @@ def run_status(args) -> int:
             "troubled": troubled,
             "recovered": recovered,
             "unroutable": unroutable,
+            "warnings": warnings,
         })
         return 0
 
     print(f"Queue in {db.describe(args.database_url)}")
+    for warning in warnings:
+        print(f"\nWarning: {warning}")
     print(f"\nPending: {sum(group['pending'] for group in pending)}")
     if pending:
         print(table(["PROJECT", "SPIDER", "PENDING", "OLDEST"],

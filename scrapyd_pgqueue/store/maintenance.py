@@ -1,5 +1,6 @@
-"""Keeping the queue table small: a VACUUM of ``spider_job`` by whichever node is finishing crawls when it is due,
-and a rebuild of the indexes that VACUUM cannot shrink (``QueueMaintenance``).
+"""Keeping the queue's tables small: a VACUUM of ``spider_job`` and the other tables the nodes churn
+(``CHURNED_TABLES``) by whichever node is finishing crawls when one is due, and a rebuild of the indexes of
+``spider_job`` that VACUUM cannot shrink (``QueueMaintenance``).
 
 Every job is inserted, updated twice and deleted, so the table's space is only reused once VACUUM has run. Autovacuum
 looks at the table once per ``autovacuum_naptime`` (a server setting, one minute by default): a busy cluster churns
@@ -7,7 +8,11 @@ tens of thousands of jobs between two passes, and the table and its indexes grow
 fresh size after a million jobs). The nodes that finish crawls make the dead rows, so they vacuum: at most once per
 ``vacuum_interval`` seconds in the cluster (one node's turn at a time: ``spider_job_maintenance``), when the dead
 rows are at least ``MIN_DEAD_ROWS`` and a tenth of the live ones (a vacuum reads the whole table and every index: a
-big backlog is vacuumed less often).
+big backlog is vacuumed less often). The other tables the nodes rewrite a row of per tick or per job (the nodes'
+heartbeats, stored logs, trees, the webhooks' outbox, the frontier's requests) are vacuumed in the same turn, each
+when it is due by the same measure: a server with autovacuum off keeps them in bounds too. A node vacuums only the
+tables its role owns; a least-privilege node leaves them all to autovacuum (``scrapyd-pgqueue status`` warns when
+it is off).
 
 VACUUM makes room in an index's pages but never merges them: a page is given back only once every entry on it is
 gone, and jobs leave the queue in priority order, not in the order of their ids and job ids, so the indexes on those
@@ -37,19 +42,37 @@ REBUILD_ABOVE = 2.5  # times its entries packed (an estimate: a fresh table's in
 
 # --- queries ---------------------------------------------------------------------------------------------------
 
-# Take the cluster's maintenance turn if spider_job is due a vacuum: enough dead rows (the statistics' count, a few
-# seconds behind), no turn ended and no autovacuum within :interval seconds, none running (one started an hour ago
-# without ending died with its node), and a role that may vacuum it (the owner's; VACUUM would only warn). The row
-# lock makes it one node's turn: another node's UPDATE waits, then finds the row changed and takes nothing.
+# The tables the nodes churn: a row inserted and deleted, or rewritten, per job, per tick or per request.
+CHURNED_TABLES = ("spider_job", "job_log", "scrapyd_node", "spider_tree", "webhook_event", "crawl_request",
+                  "crawl_slot")
+
+# Take the cluster's maintenance turn if one of :tables is due a vacuum, and name those that are: enough dead rows
+# (the statistics' count, a few seconds behind), no turn ended and no autovacuum of it within :interval seconds, and
+# a role that may vacuum it (the owner's; VACUUM would only warn); no turn running (one started an hour ago without
+# ending died with its node). The row lock makes it one node's turn: another node's UPDATE waits, then finds the row
+# changed and takes nothing.
 TAKE_TURN = text("""
+    WITH due AS (
+        SELECT s.relname FROM pg_stat_user_tables AS s JOIN pg_class AS c ON c.oid = s.relid
+        WHERE s.schemaname = current_schema() AND s.relname = ANY(CAST(:tables AS text[]))
+          AND s.n_dead_tup >= greatest(:min_dead, s.n_live_tup / 10)
+          AND coalesce(s.last_autovacuum < now() - make_interval(secs => :interval), true)
+          AND pg_has_role(c.relowner, 'USAGE')
+    )
     UPDATE spider_job_maintenance AS m SET started = now()
-    FROM pg_stat_user_tables AS s JOIN pg_class AS c ON c.oid = s.relid
-    WHERE s.relid = 'spider_job'::regclass
-      AND s.n_dead_tup >= greatest(:min_dead, s.n_live_tup / 10)
-      AND greatest(m.ended, s.last_autovacuum) < now() - make_interval(secs => :interval)
+    WHERE m.ended < now() - make_interval(secs => :interval)
       AND (m.ended >= m.started OR m.started < now() - interval '1 hour')
-      AND pg_has_role(c.relowner, 'USAGE')
-    RETURNING true
+      AND EXISTS (SELECT 1 FROM due)
+    RETURNING (SELECT array_agg(relname ORDER BY relname) FROM due) AS tables
+""")
+
+# The churned tables autovacuum leaves alone: every one when the server's autovacuum is off, else those whose storage
+# parameters turn it off.
+TABLES_WITHOUT_AUTOVACUUM = text("""
+    SELECT c.relname FROM pg_class AS c
+    WHERE c.relnamespace = CAST(current_schema() AS regnamespace) AND c.relname = ANY(CAST(:tables AS text[]))
+      AND (current_setting('autovacuum') = 'off' OR 'autovacuum_enabled=false' = ANY(coalesce(c.reloptions, '{}')))
+    ORDER BY c.relname
 """)
 
 # The turn is over.
@@ -57,7 +80,15 @@ END_TURN = text("UPDATE spider_job_maintenance SET ended = clock_timestamp()")
 
 # SKIP_LOCKED: an autovacuum or a manual VACUUM running already is not waited for. INDEX_CLEANUP ON: the indexes
 # are what grows (a small number of dead rows would otherwise let VACUUM leave them alone).
-VACUUM_QUEUE = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) spider_job"
+VACUUMS = {
+    "spider_job": "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) spider_job",
+    "job_log": "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) job_log",
+    "scrapyd_node": "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) scrapyd_node",
+    "spider_tree": "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) spider_tree",
+    "webhook_event": "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) webhook_event",
+    "crawl_request": "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) crawl_request",
+    "crawl_slot": "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) crawl_slot",
+}
 
 
 # The indexes of spider_job to rebuild, as REINDEX statements (names from the catalog, quoted by regclass): the valid
@@ -92,8 +123,8 @@ INDEXES_TO_REBUILD = text("""
 
 
 class QueueMaintenance:
-    """``vacuum_when_due()`` after each finish: one statement at most once per interval in this process, a VACUUM
-    and index rebuilds when the cluster's table is due them and this node took the turn."""
+    """``vacuum_when_due()`` after each finish: one statement at most once per interval in this process, a VACUUM of
+    each churned table due one (and index rebuilds of spider_job) when this node took the cluster's turn."""
 
     def __init__(self, engine: Engine, interval: float, rebuild_above: float = REBUILD_ABOVE,
                  min_index_bytes: int = MIN_INDEX_BYTES):
@@ -110,27 +141,32 @@ class QueueMaintenance:
         return _maintenance(db.engine_for_settings(settings), settings.vacuum_interval)
 
     def vacuum_when_due(self) -> bool:
-        """VACUUM spider_job if it is due, then rebuild its thinned indexes; say whether this call vacuumed. Never
-        raises: the finish it follows is recorded already, and autovacuum remains. Each statement has the node's
-        database_timeout; one abandoned there runs on in the server (an interrupted rebuild is cleaned up later)."""
+        """VACUUM each churned table that is due, then rebuild spider_job's thinned indexes; say whether this call
+        vacuumed. Never raises: the finish it follows is recorded already, and autovacuum remains. Each statement has
+        the node's database_timeout; one abandoned there runs on in the server (an interrupted rebuild is cleaned up
+        later)."""
         if self.interval <= 0 or time.monotonic() < self.next_check or not self.lock.acquire(blocking=False):
             return False
         try:
             self.next_check = time.monotonic() + self.interval
-            params = {"min_dead": MIN_DEAD_ROWS, "interval": self.interval}
+            params = {"min_dead": MIN_DEAD_ROWS, "interval": self.interval, "tables": list(CHURNED_TABLES)}
             with db.operation(self.engine), db.autocommit(self.engine) as connection:
-                if connection.execute(TAKE_TURN, params).first() is None:
-                    return False
+                due = connection.execute(TAKE_TURN, params).scalar()
+            if due is None:
+                return False
             try:
-                with db.operation(self.engine):
-                    db.run_outside_transaction(self.engine, VACUUM_QUEUE)
-                self.rebuild_thinned_indexes()
+                for table in due:
+                    with db.operation(self.engine):
+                        db.run_outside_transaction(self.engine, VACUUMS[table])
+                if "spider_job" in due:
+                    self.rebuild_thinned_indexes()
             finally:
                 with db.operation(self.engine), db.autocommit(self.engine) as connection:
                     connection.execute(END_TURN)
             return True
         except db.DatabaseError as e:
-            self.failures.report(f"maintenance of spider_job failed (autovacuum remains): {e}", key="maintenance")
+            self.failures.report(f"maintenance of the queue's tables failed (autovacuum remains): {e}",
+                                 key="maintenance")
             return False
         finally:
             self.lock.release()
@@ -146,6 +182,12 @@ class QueueMaintenance:
                 db.run_outside_transaction(self.engine, statement)
             log.info("spider_job maintenance: %s", statement)
         return len(statements)
+
+
+def tables_without_autovacuum(engine: Engine) -> list[str]:
+    """The churned tables that autovacuum leaves alone (``scrapyd-pgqueue status`` warns of them)."""
+    with db.autocommit(engine) as connection:
+        return connection.execute(TABLES_WITHOUT_AUTOVACUUM, {"tables": list(CHURNED_TABLES)}).scalars().all()
 
 
 @functools.cache
