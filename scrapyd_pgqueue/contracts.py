@@ -59,6 +59,13 @@ class IEggFiles(IEggStorage):
         digest); None when the project has no egg. The launcher hands it to the crawl and to its warm process, and
         ``scrapy list`` (``node/spider_list.py``) gets it too."""
 
+    def listed_spiders(egg):
+        """Thread: the spiders of a ``SealedEgg`` as a node listed them (``scrapy list``) for the whole cluster; None
+        when none has yet."""
+
+    def remember_spiders(egg, spiders):
+        """Thread: the spiders ``scrapy list`` found in a ``SealedEgg``, for every node of the cluster."""
+
     def prune_cache():
         """Thread: forget the cached eggs the database no longer has; returns the file names deleted.
         ``node/events.py`` calls it when eggs change anywhere in the cluster."""

@@ -138,9 +138,10 @@ def test_grant_creates_a_node_role_with_exactly_a_node_s_rights_and_a_second_run
     tables = [name for kind, name in granted if kind == "relation" and not name.endswith("_seq")]
     assert {"spider_job", "project_egg", "spider_job_maintenance", db.VERSION_TABLE} <= set(tables)
     for name in tables:
-        # SELECT only on the version table; no UPDATE of an egg or a staged row; no TRUNCATE, REFERENCES or TRIGGER
-        # anywhere.
-        rights = {db.VERSION_TABLE: "r", "project_egg": "ard", "spider_job_staging": "ard", "project_user": "ar"}.get(name, "arwd")
+        # SELECT only on the version table; no UPDATE of an egg or a staged row, no UPDATE or DELETE of a project's uid
+        # or an egg's spiders; no TRUNCATE, REFERENCES or TRIGGER anywhere.
+        rights = {db.VERSION_TABLE: "r", "project_egg": "ard", "spider_job_staging": "ard", "project_user": "ar",
+                  "project_egg_spiders": "ar"}.get(name, "arwd")
         assert f"{node}={rights}/" in granted[("relation", name)], (name, granted[("relation", name)])
     assert all(f"{node}=U/" in acl for (kind, name), acl in granted.items() if name.endswith("_seq"))
     assert all(f"{node}=X/" in acl for (kind, _), acl in granted.items() if kind == "function")

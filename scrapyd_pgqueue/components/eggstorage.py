@@ -58,18 +58,19 @@ def _read_file(path: str) -> bytes | None:
 
 
 class SealedEgg(NamedTuple):
-    """An egg as a crawl gets it: a memory file sealed against every change, and its sha256 (hex)."""
+    """An egg as a crawl gets it: a memory file sealed against every change, its sha256 (hex) and its row's id."""
 
     fd: int  # the caller's own descriptor, to close
     digest: str
+    egg_id: int
 
 
-def _seal(egg: bytes, digest: str) -> SealedEgg:
+def _seal(egg: bytes, digest: str, egg_id: int) -> SealedEgg:
     fd = os.memfd_create("egg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.write(fd, egg)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
     os.fchmod(fd, 0o444)
-    return SealedEgg(fd, digest)
+    return SealedEgg(fd, digest, egg_id)
 
 
 # This process's sealed eggs, by row id: each is read and checked once, and handed to its crawls as a copy of the
@@ -155,8 +156,14 @@ class PostgresEggStorage:
                 egg = self._checked_egg(store, project, version, stored)
                 if egg is None:  # deleted meanwhile
                     return None
-                sealed = _sealed[stored.id] = _seal(egg, stored.sha256.hex())
-            return SealedEgg(os.dup(sealed.fd), sealed.digest)
+                sealed = _sealed[stored.id] = _seal(egg, stored.sha256.hex(), stored.id)
+            return SealedEgg(os.dup(sealed.fd), sealed.digest, sealed.egg_id)
+
+    def listed_spiders(self, egg: SealedEgg) -> list[str] | None:
+        return self.store.egg_spiders(egg.egg_id)
+
+    def remember_spiders(self, egg: SealedEgg, spiders: list[str]) -> None:
+        self.store.remember_egg_spiders(egg.egg_id, spiders)
 
     def _checked_egg(self, store, project: str, version: str, stored) -> bytes | None:
         """The egg's bytes from the cache, else from the database into the cache; checked against its sha256."""

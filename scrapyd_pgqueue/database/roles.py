@@ -45,6 +45,7 @@ NODE_TABLES = {
     # A deploy inserts a new row (a new id) and deletes the old one; no node updates an egg or its digest in place.
     "project_egg": "SELECT, INSERT, DELETE",
     "project_user": "SELECT, INSERT",  # a project's uid is assigned once, then only read
+    "project_egg_spiders": "SELECT, INSERT",  # an egg's spiders are listed once, then only read; gone with the egg
     "crawl_request": ROW_RIGHTS,  # the frontier's requests: stored, leased, done; deleted with their crawl
     "crawl_slot": ROW_RIGHTS,  # each download slot's next lease time (DOWNLOAD_DELAY); deleted with their crawl
     db.VERSION_TABLE: "SELECT",  # nodes check the schema's revision; only the owner migrates

@@ -1,7 +1,9 @@
 """``scrapy list`` without the node's keys: Scrapyd's spider list (``scrapyd.webservice.spider_list``, which every
 service asks) runs its subprocess as a crawl runs: through the node's spawner, under the project's user, with the
 crawl's environment (``crawl_keys.crawl_environment``) and the sealed egg the node fetched (``SCRAPYD_PGQUEUE_EGG``):
-the subprocess holds no database URL to look it up itself.
+the subprocess holds no database URL to look it up itself. The spiders of a deployed egg are listed once for the whole
+cluster (``IEggFiles.listed_spiders``): a node that has just started checks a schedule against them at once, instead
+of starting Python to import the project first.
 Called in the web threads (the services answer off the reactor): fetching the egg may wait for the database.
 """
 
@@ -40,6 +42,10 @@ class NodeSpiderList(webservice.SpiderList):
         if project in self.baked_in:
             env["SCRAPY_SETTINGS_MODULE"] = self.baked_in[project]
         egg = None if self.egg_files is None else self.egg_files.sealed_egg(project, version)
+        listed = None if egg is None else self.egg_files.listed_spiders(egg)
+        if listed is not None:
+            os.close(egg.fd)
+            return self._cached(project, version, listed)
         launch_fd = spawning.launch_file({launch.ARGS: ["-s", "LOG_STDOUT=0"],
                                           launch.LANDLOCK: spawning.boundary().landlock,
                                           launch.WRITABLE: [*self.settings.crawl_paths, os.devnull]})
@@ -55,6 +61,11 @@ class NodeSpiderList(webservice.SpiderList):
         if code:
             raise RunnerError((stderr or stdout or b"").decode())
         spiders = stdout.decode().splitlines()
+        if egg is not None:
+            self.egg_files.remember_spiders(egg, spiders)
+        return self._cached(project, version, spiders)
+
+    def _cached(self, project, version, spiders: list[str]) -> list[str]:
         self.cache[project].pop(None, None)  # as Scrapyd: the default version's answer may be this one's
         self.cache[project][version] = spiders
         return spiders

@@ -35,6 +35,17 @@ EGG_IDS = text("SELECT version, id, sha256 FROM project_egg WHERE project = :pro
 # One egg by its row id.
 EGG_BY_ID = text("SELECT egg FROM project_egg WHERE id = :id")
 
+# The spiders of one egg, as `scrapy list` answered on the node that listed them first (none: not listed yet).
+EGG_SPIDERS = text("SELECT spiders FROM project_egg_spiders WHERE egg_id = :egg_id")
+
+# The spiders a node listed for one egg; another node that listed them meanwhile got the same answer: kept as it is.
+# An egg deleted meanwhile inserts nothing (its row is gone: the foreign key refuses, and the caller ignores it).
+REMEMBER_EGG_SPIDERS = text("""
+    INSERT INTO project_egg_spiders (egg_id, spiders)
+    SELECT id, CAST(:spiders AS text[]) FROM project_egg WHERE id = :egg_id
+    ON CONFLICT (egg_id) DO NOTHING
+""")
+
 # The row ids of every egg: the files a node's egg cache may keep.
 ALL_EGG_IDS = text("SELECT id FROM project_egg")
 
@@ -107,6 +118,19 @@ class EggStore(StorePerEngine):
         with db.autocommit(self.engine) as connection:
             return {row.version: StoredEgg(row.id, bytes(row.sha256))
                     for row in connection.execute(EGG_IDS, {"project": project})}
+
+    @database_errors
+    def egg_spiders(self, egg_id: int) -> list[str] | None:
+        """The spiders listed for the egg of row ``egg_id``; None when no node has listed them yet."""
+        with db.autocommit(self.engine) as connection:
+            spiders = connection.execute(EGG_SPIDERS, {"egg_id": egg_id}).scalar()
+        return None if spiders is None else list(spiders)
+
+    @database_errors
+    def remember_egg_spiders(self, egg_id: int, spiders: list[str]) -> None:
+        """The spiders ``scrapy list`` found in the egg of row ``egg_id``, for every node."""
+        with db.autocommit(self.engine) as connection:
+            connection.execute(REMEMBER_EGG_SPIDERS, {"egg_id": egg_id, "spiders": spiders})
 
     @database_errors
     def project_uid(self, project: str, first: int, last: int) -> int:

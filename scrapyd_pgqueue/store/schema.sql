@@ -158,6 +158,14 @@ CREATE TABLE project_egg (
     CONSTRAINT project_egg_project_version_key UNIQUE (project, version)
 );
 
+-- The spiders of a deployed egg (0021), as `scrapy list` answered on the first node that needed them: every node checks
+-- a schedule against them without running `scrapy list` again. A redeployed version is a new egg row: listed anew.
+CREATE TABLE project_egg_spiders (
+    egg_id bigint PRIMARY KEY REFERENCES project_egg (id) ON DELETE CASCADE,
+    spiders text[] NOT NULL,
+    listed_time timestamptz NOT NULL DEFAULT now()
+);
+
 
 -- A finished job's log, its tail capped at log_max_bytes (0002): served by every node, pruned with its job's row.
 CREATE TABLE job_log (
