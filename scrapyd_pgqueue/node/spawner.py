@@ -17,7 +17,8 @@ descriptors opened without following links, so a link planted by a crawl never t
 The protocol, on a SOCK_SEQPACKET pair (JSON, descriptors attached with SCM_RIGHTS):
 
 * node -> here: ``{"start": n, "argv": [...], "env": {...}, "project": P, "uid": U or null, "scratch": name or
-  null, "fds": [target, ...]}`` with one descriptor per target; ``{"signal": n, "number": s}``; end of stream: the
+  null, "fds": [target, ...], "hold_cancels": whether it starts with SIGINT and SIGTERM blocked}`` with one
+  descriptor per target; ``{"signal": n, "number": s}``; end of stream: the
   node is gone, this process leaves (its children run on, as Scrapyd's crawls outlive it);
 * here -> node: ``{"start": n, "pid": p}`` or ``{"start": n, "error": reason}``, then ``{"start": n, "status": s}``
   (``waitpid``'s status) once the child has exited.
@@ -257,8 +258,9 @@ class Spawner:
                 env.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), SCRATCH_VARIABLE: os.getcwd()})
             for number in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):  # ignored here, default in a new Python
                 signal.signal(number, signal.SIG_DFL)
-            # A cancel waits, pending, until the new program's handlers are in place (crawl_process/early_cancel.py).
-            signal.pthread_sigmask(signal.SIG_SETMASK, CANCEL_SIGNALS)
+            # For the node's own programs, a cancel waits, pending, until their handlers are in place
+            # (crawl_process/early_cancel.py).
+            signal.pthread_sigmask(signal.SIG_SETMASK, CANCEL_SIGNALS if request.get("hold_cancels") else [])
             os.execve(request["argv"][0], request["argv"], env)
         except BaseException as e:  # noqa: BLE001 - the node reads it as the crawl's own stderr
             os.write(2, f"could not start: {type(e).__name__}: {e}\n".encode(errors="replace"))

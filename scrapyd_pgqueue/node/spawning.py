@@ -35,6 +35,9 @@ log = Logger()
 SEPARATE_USERS, ONE_USER, LANDLOCK = "separate users", "one user", "landlock"
 READY_TIMEOUT = 30.0  # seconds the spawner may take to say it is ready
 PYTHON = (sys.executable, *spawner_process.ISOLATED)  # how every child of the node runs Python
+# The programs that start with the cancel signals held and release them behind their own handler
+# (crawl_process/early_cancel.py); another runner an operator names gets them as Scrapyd's runner would.
+HOLDING_CANCELS = ("scrapyd_pgqueue.runner", "scrapyd_pgqueue.crawl_process.warm_process")
 
 
 @dataclass(frozen=True)
@@ -220,8 +223,10 @@ class Spawner:
             reactor.addSystemEventTrigger("before", "shutdown", setattr, self, "stopping", True)
             self.reading = True
         number = next(self.numbers)
+        module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
         message = json.dumps({"start": number, "argv": argv, "env": env, "project": project, "uid": uid,
-                              "scratch": scratch, "fds": list(fds)}).encode()
+                              "scratch": scratch, "fds": list(fds),
+                              "hold_cancels": module in HOLDING_CANCELS}).encode()
         if len(message) > spawner_process.MAX_MESSAGE:
             raise OSError("the crawl's environment is too big to start it")
         socket.send_fds(self.socket, [message], list(fds.values()))
