@@ -95,7 +95,7 @@ def test_a_crawl_s_items_and_finish_reason_are_what_it_yielded_on_a_node_that_di
     headers = re.findall(r"<th>([^<]*)</th>", page.split("</thead>")[0])
     (row,) = [row for row in re.findall(r"<tr>(.*?)</tr>", page, re.DOTALL) if "<td>q1</td>" in row]
     cells = dict(zip(headers, re.findall(r"<td>(.*?)</td>", row, re.DOTALL)))
-    assert headers[-5:] == ["Outcome", "Items scraped", "Errors", "Finish reason", "Tags"]
+    assert headers[-6:] == ["Outcome", "Items scraped", "Errors", "Finish reason", "Tags", "Crawl"]
     assert (cells["Items scraped"], cells["Errors"], cells["Finish reason"]) == ("5", "0", "finished")
 
     # The dashboard: items per minute of each spider, over its jobs' run time.
