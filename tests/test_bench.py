@@ -114,3 +114,20 @@ def test_quick_tickstats_suite_writes_its_series(database_url, tmp_path):
     for point in points:  # every tick wrote its jobs' stats (the suite checks each tick's count), most of them HOT
         assert point["rows_updated"] >= 40 * point["running"] and point["hot_updates"] > 0
         assert point["with_stats"]["wal_bytes_per_tick"] > point["without_stats"]["wal_bytes_per_tick"]
+
+
+@pytest.mark.timeout(120)
+def test_quick_frontierstore_suite_writes_its_series(database_url, tmp_path):
+    # The frontier's store at 1,000 and 50,000 queued requests (quick): about 30 s.
+    output = tmp_path / "results.json"
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("SCRAPYD_")}
+    command = [sys.executable, "-m", "bench", "--quick", "--suites", "frontierstore", "--database-url", database_url,
+               "--output", str(output)]
+
+    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=110)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    series = json.loads(output.read_text())["suites"]["frontierstore"]["series"]
+    assert {point["queued"] for point in series["lease"]["points"]} == {1_000, 50_000}
+    assert all(point["steps"] > 0 and point["requests"] > 0 for point in series["lease"]["points"])
+    assert series["sizes"]["queued"] == 50_000 and series["sizes"]["bytes_per_request"] > 300  # the blob and more

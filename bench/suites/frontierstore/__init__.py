@@ -35,6 +35,7 @@ from pathlib import Path
 from bench import database, processes, report
 from bench.context import Context
 from bench.stats import ratio, summarise_ms
+from bench.suites.frontierstore.table import STEP_STATEMENTS, format_table, plot
 
 SUMMARY = "the crawl frontier at 1,000 and 1,000,000 queued requests: lease + acknowledge, enqueue with dedup, size"
 SERIES = ("lease", "enqueue", "statements", "sizes")
@@ -42,7 +43,6 @@ SERIES = ("lease", "enqueue", "statements", "sizes")
 DEPTHS = {"quick": (1_000, 50_000), "full": (1_000, 1_000_000)}
 RUNS = {"quick": (1, 2.0), "full": (3, 5.0)}  # runs of each cell (the median rate is reported), seconds each
 STATEMENT_STEPS = {"quick": 200, "full": 600}  # steps taken apart, statement by statement
-STEP_STATEMENTS = ("store", "finish", "lock", "lease", "commit")
 CLIENTS = (1, 8)
 LEASE, PER_SLOT = 16, 8  # a worker's CONCURRENT_REQUESTS, the crawl's CONCURRENT_REQUESTS_PER_DOMAIN
 ENQUEUE_BATCH, DUPLICATE_SHARE = 500, 0.5
@@ -235,7 +235,7 @@ def _statement_times(url: str, crawl: int, worker: int, steps: int) -> dict:
     store = frontier.FrontierStore.for_engine(engine)
     held = [request.id for request in store.step(crawl, worker, lease=LEASE, per_slot=PER_SLOT).leased]
     times = {name: [] for name in STEP_STATEMENTS}
-    lease = {"limit": LEASE, "per_slot": PER_SLOT, "scan": frontier.LEASE_SCAN}
+    lease = {"limit": LEASE, "per_slot": PER_SLOT, "delay": 0.0, "scan": frontier.LEASE_SCAN}
     for _ in range(steps):
         scope, new = {"crawl": crawl, "worker": worker}, _new_requests(len(held))
         marks = [time.perf_counter()]  # after each of STEP_STATEMENTS
@@ -370,52 +370,4 @@ def _notes(lease: list[dict], enqueue: list[dict], statements: list[dict], sizes
     ]
 
 
-# --- output ----------------------------------------------------------------------------------------------------
-
-
-def format_table(result: dict) -> str:
-    parameters, series = result["parameters"], result["series"]
-    lease_rows = [[f"{p['queued']:,}", p["mode"].replace("_", " "), str(p["clients"]), f"{p['steps']:,}",
-                   report.number(p["per_second"]), *_latency_cells(p)] for p in series["lease"]["points"]]
-    enqueue_rows = [[f"{p['queued']:,}", str(p["clients"]), f"{p['steps']:,}", report.number(p["per_second"]),
-                     *_latency_cells(p)] for p in series["enqueue"]["points"]]
-    statements = series["statements"]["points"]
-    return report.table_text(result, [
-        report.heading("Frontier store"),
-        f"one crawl, {parameters['slots']} slots; each cell {parameters['runs']} x {parameters['run_seconds']:g} s, "
-        f"the median rate; lease: a worker's step (its pages' new requests, its previous lease done, lease "
-        f"{parameters['lease']} at {parameters['per_slot']} per slot); lease only: the same, nothing stored",
-        report.format_rows(["queued", "step", "workers", "steps", "leased/s", "p50 ms", "p99 ms", "server ms/step"],
-                           lease_rows),
-        "",
-        f"enqueue: steps of {parameters['enqueue_batch']} new requests, "
-        f"{parameters['duplicate_share']:.0%} of them duplicates of stored ones",
-        report.format_rows(["queued", "clients", "steps", "stored/s", "p50 ms", "p99 ms", "server ms/step"],
-                           enqueue_rows),
-        "",
-        f"the lease step taken apart, one worker, {parameters['statement_steps']} steps: client time per statement",
-        report.format_rows(["statement", *(f"p50 ms at {p['queued']:,}" for p in statements),
-                            *(f"mean ms at {p['queued']:,}" for p in statements)],
-                           [[name, *(report.number(p[name]["p50_ms"], 3) for p in statements),
-                             *(report.number(p[name]["mean_ms"], 3) for p in statements)]
-                            for name in STEP_STATEMENTS]),
-        "",
-        f"crawl_request at {series['sizes']['queued']:,} queued requests, fresh after the fill",
-        report.format_rows(["relation", "size", "bytes/request"], _size_rows(series["sizes"])),
-        "",
-    ], ratios="ratio")
-
-
-def _latency_cells(point: dict) -> list[str]:
-    return [report.number(point["latency"]["p50_ms"], 2), report.number(point["latency"]["p99_ms"], 2),
-            report.number(point["server_cpu_ms_per_step"], 3)]
-
-
-def _size_rows(sizes: dict) -> list[list[str]]:
-    parts = {"table (heap + TOAST + indexes)": sizes["total_bytes"], "heap": sizes["heap_bytes"],
-             "TOAST": sizes["toast_bytes"], **sizes["index_bytes"]}
-    return [[name, report.megabytes(size), report.number(size / sizes["queued"])] for name, size in parts.items()]
-
-
-def plot(result: dict, directory: Path) -> list[Path]:
-    return []  # a few rows: the table says it
+__all__ = ["SERIES", "SUMMARY", "format_table", "plot", "run"]
