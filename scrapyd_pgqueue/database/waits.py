@@ -27,8 +27,8 @@ log = logging.getLogger("scrapyd_pgqueue.database.db")
 CONNECT_TIMEOUT = 5  # seconds before an unreachable database is an error
 DEFAULT_TIMEOUT = 30.0  # seconds an operation may wait for the database (database_timeout)
 # What a server (or PgBouncer) says when it has no connection to spare, or cannot serve one yet: worth waiting for.
-# Each is said at login (ours, or PgBouncer's to the server for our statement), before any server ran a statement
-# of ours; so a statement refused with one certainly did not run, and may be sent again.
+# Each is said at login (ours, or PgBouncer's to the server for our statement) or before PgBouncer sent our statement
+# on, never after a server ran it; so a statement refused with one certainly did not run, and may be sent again.
 BUSY_SERVER_MESSAGES = (
     "too many clients",
     "too many connections",  # for a role's or a database's CONNECTION LIMIT
@@ -41,6 +41,9 @@ BUSY_SERVER_MESSAGES = (
     "pgbouncer cannot connect to server",  # PgBouncer: the server is down or restarting
     "server login has been failing",  # PgBouncer: server_login_retry seconds after a failed server login
     "query_wait_timeout",  # PgBouncer: no server connection came within query_wait_timeout
+    # PgBouncer: the server failed the SET that PgBouncer sends ahead of our statement on a server connection it
+    # just linked (a server shutting down), so it held our statement back and closed.
+    "invalid server parameter",
 )
 # What a server says as it ends the statement a connection runs (a restart's fast shutdown, pg_terminate_backend),
 # before the statement's transaction could commit; PgBouncer passes it on. A statement that got it did not commit.
