@@ -1,5 +1,6 @@
-"""scrapyd_pgqueue_wanted_nodes(slots_per_node): the number of nodes an autoscaler (KEDA's postgresql trigger, the
-chart's ScaledObject) asks for, on a real Postgres with pending, delayed, running, limited and periodic work."""
+"""scrapyd_pgqueue_wanted_nodes(slots_per_node[, tags][, max_nodes]): the number of nodes an autoscaler (KEDA's
+postgresql trigger, the chart's ScaledObject) asks for, on a real Postgres with pending, delayed, running, limited and
+periodic work."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.store import JobStore, OverviewStore
 
 WANTED = "SELECT scrapyd_pgqueue_wanted_nodes(%s)"
+WANTED_UP_TO = "SELECT scrapyd_pgqueue_wanted_nodes(%s, %s)"
+# The tags typed: psycopg2 sends an empty list as '{}', of no type, which Postgres would take for the one-argument
+# form's max_nodes (an integer).
+WANTED_BY_TAGS = "SELECT scrapyd_pgqueue_wanted_nodes(%s, CAST(%s AS text[]))"
+WANTED_BY_TAGS_UP_TO = "SELECT scrapyd_pgqueue_wanted_nodes(%s, CAST(%s AS text[]), %s)"
 
 # (project, spider, status, run_at relative to now, how many)
 JOBS = [
@@ -85,13 +91,25 @@ def test_the_wanted_nodes_are_the_work_nodes_could_run_now_over_the_slots_of_a_n
     assert [wanted(queue_url, slots) for slots in (1, 4)] == [0, 0]  # only jobs not yet due: back to zero
 
 
-def test_the_answer_is_bounded_and_a_slot_count_below_one_is_refused(queue_url):
-    insert_jobs(queue_url, [("p", "free", "pending", "-1 minute", 2001)])
-    assert [wanted(queue_url, slots) for slots in (1, 2, 3)] == [1000, 1000, 667]
+def test_the_answer_is_bounded_by_max_nodes_and_a_count_below_one_is_refused(queue_url):
+    insert_jobs(queue_url, [("p", "free", "pending", "-1 minute", 5000)])
+    # Beyond 1,000 nodes (0008's bound): up to max_nodes, 10,000 unless given.
+    assert [wanted(queue_url, slots) for slots in (1, 2, 3)] == [5000, 2500, 1667]
+    assert [query(queue_url, WANTED_UP_TO, (1, maximum))[0][0] for maximum in (2000, 5000, 10000)] == [
+        2000, 5000, 5000]
+    assert query(queue_url, WANTED_BY_TAGS_UP_TO, (1, ["browser"], 2000)) == [(2000,)]
+    assert query(queue_url, WANTED_BY_TAGS, (1, ["browser"])) == [(5000,)]
     with pytest.raises(psycopg2.errors.InvalidParameterValue, match="slots_per_node must be at least 1, not 0"):
         wanted(queue_url, 0)
+    for statement, arguments in ((WANTED_UP_TO, (1, 0)), (WANTED_BY_TAGS_UP_TO, (1, ["browser"], -5))):
+        with pytest.raises(psycopg2.errors.InvalidParameterValue, match="max_nodes must be at least 1, not -?[05]"):
+            query(queue_url, statement, arguments)
     assert wanted(queue_url, None) is None
-    assert OverviewStore.for_url(queue_url).wanted_nodes(3) == 667
+    assert query(queue_url, WANTED_UP_TO, (1, None)) == [(None,)]
+    assert query(queue_url, WANTED_BY_TAGS_UP_TO, (None, ["browser"], 10)) == [(None,)]
+    assert query(queue_url, WANTED_BY_TAGS, (4, None)) == [(1250,)]  # NULL tags: no filter, the one-argument form
+    assert OverviewStore.for_url(queue_url).wanted_nodes(3, 1000) == 1000
+    assert OverviewStore.for_url(queue_url).wanted_nodes(3, 10000) == 1667
 
 
 def test_a_scaler_role_with_execute_only_gets_the_number_but_no_job_and_others_get_nothing(
@@ -102,7 +120,7 @@ def test_a_scaler_role_with_execute_only_gets_the_number_but_no_job_and_others_g
     with admin_connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE scaler_{suffix} LOGIN PASSWORD 'scaler-pw'")
         cursor.execute(f"CREATE ROLE stranger_{suffix} LOGIN PASSWORD 'stranger-pw'")
-        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO scaler_{suffix}")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer, integer) TO scaler_{suffix}")
     scaler = make_url(queue_url).set(username=f"scaler_{suffix}", password="scaler-pw").render_as_string(False)
     stranger = make_url(queue_url).set(username=f"stranger_{suffix}", password="stranger-pw").render_as_string(False)
 
@@ -117,13 +135,14 @@ def test_a_scaler_role_with_execute_only_gets_the_number_but_no_job_and_others_g
         query(scaler, "SELECT count(*) FROM spider_job")
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):  # not PUBLIC's
         wanted(stranger, 4)
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):  # the form granted only, though it calls this one
+        query(scaler, WANTED_BY_TAGS, (4, ["browser"]))
     nodes = node_role(admin_connection, queue_url, f"node_{suffix}")  # `scrapyd-pgqueue grant`
     with contextlib.closing(connect(nodes)) as connection, connection.cursor() as cursor:
         cursor.execute(WANTED, (4,))
         assert cursor.fetchone() == (3,)
 
 
-WANTED_BY_TAGS = "SELECT scrapyd_pgqueue_wanted_nodes(%s, %s)"
 # Beside JOBS (no tag required): (project, spider, status, run_at, how many, pool).
 POOL_JOBS = [
     ("p", "free", "pending", "-1 minute", 3, "browser"),

@@ -135,9 +135,9 @@ NODE_URLS = text("""
     SELECT DISTINCT ON (name) name, url FROM scrapyd_node WHERE stopped_time IS NULL ORDER BY name, started_time DESC
 """)
 
-# Nodes the queue wants, max_proc slots each (scrapyd_pgqueue_wanted_nodes, migration 0008): what an autoscaler asks,
-# bounded whatever the backlog.
-WANTED_NODES = text("SELECT scrapyd_pgqueue_wanted_nodes(:slots)")
+# Nodes the queue wants, max_proc slots each, at most max_nodes (scrapyd_pgqueue_wanted_nodes, migrations 0008 and
+# 0022): what an autoscaler asks, bounded whatever the backlog.
+WANTED_NODES = text("SELECT scrapyd_pgqueue_wanted_nodes(:slots, :max_nodes)")
 
 
 class OverviewStore(StorePerEngine):
@@ -188,7 +188,7 @@ class OverviewStore(StorePerEngine):
             return {row.name: row.url for row in connection.execute(NODE_URLS)}
 
     @database_errors
-    def wanted_nodes(self, slots_per_node: int) -> int:
-        """Nodes of ``slots_per_node`` slots the work the queue has now needs: 0 when idle."""
+    def wanted_nodes(self, slots_per_node: int, max_nodes: int) -> int:
+        """Nodes of ``slots_per_node`` slots the work the queue has now needs, at most ``max_nodes``: 0 when idle."""
         with db.autocommit(self.engine) as connection:
-            return connection.execute(WANTED_NODES, {"slots": slots_per_node}).scalar()
+            return connection.execute(WANTED_NODES, {"slots": slots_per_node, "max_nodes": max_nodes}).scalar()

@@ -391,10 +391,10 @@ CREATE TABLE crawl_slot (
 -- Functions
 -- ---------------------------------------------------------------------------------------------------------------
 --
--- Every function runs with its search path pinned (0010; 0008 for scrapyd_pgqueue_wanted_nodes): the schema the
--- migration ran in (public here), then pg_temp, last. Without it a function resolves the names in its body with its
--- caller's search path, where pg_temp comes first unless named: a session's TEMP TABLE spider_job would be read (and
--- written) instead of the queue's, and the claim would hand out a forged job.
+-- Every function runs with its search path pinned (0010; scrapyd_pgqueue_wanted_nodes from its creation): the
+-- schema the migration ran in (public here), then pg_temp, last. Without it a function resolves the names in its
+-- body with its caller's search path, where pg_temp comes first unless named: a session's TEMP TABLE spider_job would
+-- be read (and written) instead of the queue's, and the claim would hand out a forged job.
 -- How many jobs of one spider run in the cluster now (0004). VOLATILE on purpose: a volatile function takes a fresh
 -- snapshot for each query it runs, so the claim, which calls it just after locking the spider's limit row, counts
 -- the claims other nodes committed while it waited for that lock (its own snapshot, taken before, would miss them).
@@ -684,41 +684,58 @@ AS $function$
     END $function$;
 
 
--- How many nodes the queue wants (0008): the work nodes could run now, divided by the slots of one node (its
--- max_proc), rounded up; what an autoscaler asks (KEDA's postgresql trigger: SELECT scrapyd_pgqueue_wanted_nodes(4)
--- with targetQueryValue 1) and /metrics shows. 0 when there is nothing to do, so a cluster scaled to zero wakes
--- on the first job. SECURITY DEFINER with the search path of its creation (0008 sets it to the queue's schema, then
--- pg_temp: a caller's temporary table is never read instead): a scaler's role needs EXECUTE on it only, never a
--- right to read jobs; it only reads. EXECUTE is not PUBLIC's (0008 revokes it): `scrapyd-pgqueue grant`
--- gives it to the node role. JIT off: the estimates of its capped counts would make Postgres compile them, at
--- 0.2-0.4 s a call, for reads of milliseconds.
-CREATE OR REPLACE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer)
+-- How many nodes the queue wants (0008; 0014 per pool; 0022 up to max_nodes, one body): the work nodes with `tags`
+-- could run now, divided by the slots of one node (its max_proc), rounded up, at most max_nodes; what an autoscaler
+-- asks (KEDA's postgresql trigger, one per pool: SELECT scrapyd_pgqueue_wanted_nodes(4, ARRAY['browser'], 20) with
+-- targetQueryValue 1, 20 its maxReplicaCount). A job counts when its pool (its required tags, joined) is a subset
+-- of `tags`: jobs that require no tag count in every pool, any node may run them; NULL tags filter nothing (the
+-- one-argument form below). 0 when there is nothing to do, so a cluster scaled to zero wakes on the first job.
+-- SECURITY DEFINER with the search path of its creation (the queue's schema, then pg_temp: a caller's temporary
+-- table is never read instead): a scaler's role needs EXECUTE on it only, never a right to read jobs; it only reads.
+-- EXECUTE is not PUBLIC's (revoked below): `scrapyd-pgqueue grant` gives it to the node role. Not STRICT, for NULL
+-- tags; a NULL count or maximum answers NULL, as STRICT would.
+--
+-- JIT off: the estimates of its capped counts would make Postgres compile them, at 0.2-0.4 s a call, for reads of
+-- milliseconds. Planned for each call's values (force_custom_plan, about 0.3 ms a call): NULL tags then fold the
+-- filter away, and the counts read spider_job_ongoing_spider_idx and spider_job_pending_spider_idx alone (no heap);
+-- a generic plan, which a session of tagged calls settles on, scans the table for the one-argument form too. The tag
+-- filter is row by row: a scaler's call, bounded by the same caps, not the claim.
+CREATE OR REPLACE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer, tags text[], max_nodes integer DEFAULT 10000)
  RETURNS integer
  LANGUAGE plpgsql
- STABLE STRICT SECURITY DEFINER
+ STABLE SECURITY DEFINER
  SET search_path TO 'public', 'pg_temp'
- SET jit = off
+ SET jit TO 'off'
+ SET plan_cache_mode TO 'force_custom_plan'
 AS $function$
     DECLARE
-        -- Waiting jobs are read up to 1,000 nodes' worth per kind, whatever the backlog: the answer is at most
-        -- 1,000 nodes anyway, and the call stays cheap enough for every scrape and every scaler poll.
-        v_cap bigint := 1000 * greatest(slots_per_node, 1);
+        v_cap bigint;
         v_work bigint;
     BEGIN
+        IF slots_per_node IS NULL OR max_nodes IS NULL THEN
+            RETURN NULL;
+        END IF;
         IF slots_per_node < 1 THEN
             RAISE EXCEPTION 'slots_per_node must be at least 1, not %', slots_per_node
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        IF max_nodes < 1 THEN
+            RAISE EXCEPTION 'max_nodes must be at least 1, not %', max_nodes
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- Waiting jobs are read up to max_nodes nodes' worth per kind, whatever the backlog: the answer is at most
+        -- max_nodes anyway, and the call's cost stays bounded for every scrape and every scaler poll.
+        v_cap := CAST(max_nodes AS bigint) * slots_per_node;
         SELECT
             -- Running jobs of spiders without a cluster-wide limit (a stopping node's too: their node is still
             -- needed until they end or are handed back).
             (SELECT count(*) FROM spider_job AS j
-             WHERE j.status = 'ongoing'
+             WHERE j.status = 'ongoing' AND (tags IS NULL OR string_to_array(j.pool, ',') <@ tags)
                AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider))
             -- Their pending jobs (due: a delayed job becomes pending at its run_at).
           + (SELECT count(*) FROM (
                 SELECT FROM spider_job AS j
-                WHERE j.status = 'pending'
+                WHERE j.status = 'pending' AND (tags IS NULL OR string_to_array(j.pool, ',') <@ tags)
                   AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
                 LIMIT v_cap) AS capped)
             -- Delayed jobs whose time has come but that no node has promoted yet (with no node at all, nobody
@@ -726,89 +743,56 @@ AS $function$
           + (SELECT count(*) FROM (
                 SELECT FROM spider_job AS j
                 WHERE j.status = 'delayed' AND j.run_at <= now()
+                  AND (tags IS NULL OR string_to_array(j.pool, ',') <@ tags)
                   AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
                 LIMIT v_cap) AS capped)
             -- A spider with a limit (spider_limit) runs at most max_running jobs at once in the cluster: its work
             -- is its running jobs and as many due ones as its limit leaves room for (its waiting excess needs no
-            -- node); never less than what runs (a limit lowered under its running jobs).
+            -- node); never less than what runs (a limit lowered under its running jobs). The limit is the
+            -- cluster's: a pool's share of it is not known, so each pool may count up to the whole limit.
           + (SELECT coalesce(sum(greatest(limited.running, least(l.max_running, limited.running + limited.waiting))), 0)
              FROM spider_limit AS l, LATERAL (
                 SELECT (SELECT count(*) FROM spider_job AS j
-                        WHERE j.status = 'ongoing' AND j.project = l.project AND j.spider = l.spider) AS running,
+                        WHERE j.status = 'ongoing' AND j.project = l.project AND j.spider = l.spider
+                          AND (tags IS NULL OR string_to_array(j.pool, ',') <@ tags)) AS running,
                        (SELECT count(*) FROM (
                             SELECT FROM spider_job AS j
                             WHERE j.status = 'pending' AND j.project = l.project AND j.spider = l.spider
+                              AND (tags IS NULL OR string_to_array(j.pool, ',') <@ tags)
                             LIMIT l.max_running) AS capped)
                      + (SELECT count(*) FROM (
                             SELECT FROM spider_job AS j
                             WHERE j.status = 'delayed' AND j.run_at <= now()
                               AND j.project = l.project AND j.spider = l.spider
+                              AND (tags IS NULL OR string_to_array(j.pool, ',') <@ tags)
                             LIMIT l.max_running) AS capped) AS waiting
              ) AS limited)
-            -- Periodic jobs due to fire: firing takes a live node (scale from zero), one slot each.
+            -- Periodic jobs due to fire: firing takes a live node (scale from zero), one slot each; its fired job
+            -- goes to its own pool, else its spider's route, else anywhere.
           + (SELECT count(*) FROM (
-                SELECT FROM periodic_job AS p WHERE NOT p.paused AND p.next_fire_time <= now() LIMIT v_cap) AS capped)
+                SELECT FROM periodic_job AS p
+                WHERE NOT p.paused AND p.next_fire_time <= now()
+                  AND (tags IS NULL OR string_to_array(coalesce(p.pool, (SELECT r.pool FROM spider_route AS r
+                                                                        WHERE r.project = p.project
+                                                                          AND r.spider = p.spider), ''), ',') <@ tags)
+                LIMIT v_cap) AS capped)
         INTO v_work;
-        RETURN least(ceil(v_work::numeric / slots_per_node), 1000)::integer;
+        RETURN least(ceil(v_work::numeric / slots_per_node), max_nodes)::integer;
     END
     $function$;
 
 
--- How many nodes of one pool the queue wants (0014): the one-argument form's work, of the jobs a node with `tags`
--- may run only (each job's pool, its required tags joined, a subset of them; a periodic job's fired job goes to its
--- own pool, else its spider's route, else anywhere). What each pool's autoscaler asks (KEDA:
--- SELECT scrapyd_pgqueue_wanted_nodes(4, ARRAY['browser'])). Jobs that require no tag count in every pool: any node
--- may run them. The tag filter is row by row: a scaler's call, bounded by the same caps, not the claim.
-CREATE OR REPLACE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer, tags text[])
+-- All the work (0008; 0022 up to max_nodes): the tagged form without a filter, what the node's /metrics gauge asks
+-- with its max_proc and max_nodes, and KEDA without pools (SELECT scrapyd_pgqueue_wanted_nodes(4, 20)). SECURITY
+-- DEFINER as that one, so that a role with EXECUTE on this form alone may call it; the same search path and JIT.
+CREATE OR REPLACE FUNCTION scrapyd_pgqueue_wanted_nodes(slots_per_node integer, max_nodes integer DEFAULT 10000)
  RETURNS integer
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE STRICT SECURITY DEFINER
  SET search_path TO 'public', 'pg_temp'
  SET jit TO 'off'
 AS $function$
-    DECLARE
-        v_cap bigint := 1000 * greatest(slots_per_node, 1);
-        v_work bigint;
-    BEGIN
-        IF slots_per_node < 1 THEN
-            RAISE EXCEPTION 'slots_per_node must be at least 1, not %', slots_per_node
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        SELECT
-            (SELECT count(*) FROM spider_job AS j
-             WHERE j.status = 'ongoing' AND string_to_array(j.pool, ',') <@ tags
-               AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider))
-          + (SELECT count(*) FROM (
-                SELECT FROM spider_job AS j
-                WHERE j.status = 'pending' AND string_to_array(j.pool, ',') <@ tags
-                  AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
-                LIMIT v_cap) AS capped)
-          + (SELECT count(*) FROM (
-                SELECT FROM spider_job AS j
-                WHERE j.status = 'delayed' AND j.run_at <= now() AND string_to_array(j.pool, ',') <@ tags
-                  AND NOT EXISTS (SELECT FROM spider_limit AS l WHERE l.project = j.project AND l.spider = j.spider)
-                LIMIT v_cap) AS capped)
-          + (SELECT coalesce(sum(greatest(limited.running, least(l.max_running, limited.running + limited.waiting))), 0)
-             FROM spider_limit AS l, LATERAL (
-                SELECT (SELECT count(*) FROM spider_job AS j
-                        WHERE j.status = 'ongoing' AND j.project = l.project AND j.spider = l.spider AND string_to_array(j.pool, ',') <@ tags) AS running,
-                       (SELECT count(*) FROM (
-                            SELECT FROM spider_job AS j
-                            WHERE j.status = 'pending' AND j.project = l.project AND j.spider = l.spider AND string_to_array(j.pool, ',') <@ tags
-                            LIMIT l.max_running) AS capped)
-                     + (SELECT count(*) FROM (
-                            SELECT FROM spider_job AS j
-                            WHERE j.status = 'delayed' AND j.run_at <= now() AND string_to_array(j.pool, ',') <@ tags
-                              AND j.project = l.project AND j.spider = l.spider AND string_to_array(j.pool, ',') <@ tags
-                            LIMIT l.max_running) AS capped) AS waiting
-             ) AS limited)
-          + (SELECT count(*) FROM (
-                SELECT FROM periodic_job AS p WHERE NOT p.paused AND p.next_fire_time <= now()
-                  AND string_to_array(coalesce(p.pool, (SELECT r.pool FROM spider_route AS r
-                      WHERE r.project = p.project AND r.spider = p.spider), ''), ',') <@ tags LIMIT v_cap) AS capped)
-        INTO v_work;
-        RETURN least(ceil(v_work::numeric / slots_per_node), 1000)::integer;
-    END
+        SELECT scrapyd_pgqueue_wanted_nodes(slots_per_node, CAST(NULL AS text[]), max_nodes)
     $function$;
 
 
@@ -973,9 +957,10 @@ CREATE TRIGGER spider_job_worker_left AFTER UPDATE OF status ON spider_job FOR E
 -- Grants
 -- ---------------------------------------------------------------------------------------------------------------
 
--- The wanted-nodes functions are SECURITY DEFINER: EXECUTE is not PUBLIC's (0008, 0014). `scrapyd-pgqueue grant`
--- gives it to the node role (with the node's rights on the tables, database/roles.py), a scaler's role gets it from its
--- own GRANT. Every other object keeps Postgres' default rights: its owner's, and PUBLIC's EXECUTE on the other
--- functions (which run with their caller's rights).
-REVOKE EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer, text[]) FROM PUBLIC;
+-- The wanted-nodes functions are SECURITY DEFINER: EXECUTE is not PUBLIC's (0008, 0014, 0022). `scrapyd-pgqueue
+-- grant` gives it to the node role (with the node's rights on the tables, database/roles.py), a scaler's role gets it
+-- from its own GRANT (0022 gave whoever had it on the forms it replaced the same on the new ones). Every other object
+-- keeps Postgres' default rights: its owner's, and PUBLIC's EXECUTE on the other functions (which run with their
+-- caller's rights).
+REVOKE EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer, text[], integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer, integer) FROM PUBLIC;
