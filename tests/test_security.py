@@ -352,9 +352,19 @@ def test_a_temporary_spider_job_does_not_change_what_the_claim_returns(roles):
         query(roles["node_url"], "CREATE TEMP TABLE spider_job (id int)")
 
 
-def test_behind_pgbouncer_a_session_s_set_and_temporary_table_never_reach_another_client(
+LEFT_BY_A_SESSION = """
+    SELECT pg_backend_pid(), current_setting('statement_timeout'), to_regclass('pg_temp.spider_job') IS NOT NULL,
+           array(SELECT pg_listening_channels())
+"""
+ADVISORY_LOCKS_OF = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s"
+
+
+def test_behind_pgbouncer_a_session_s_set_temporary_table_listen_and_lock_never_reach_another_client(
     pgbouncer_database_url, database_url
 ):
+    """What an operator's psql on the node role's URL (or a node's listener probing LISTEN through the pooler) may
+    leave on a server connection is gone when the next client's transaction gets it: the suite's PgBouncer runs the
+    shipped reset after every transaction (server_reset_query_always = 1)."""
     db.get_engine(database_url).dispose()  # migrated
     with contextlib.closing(connect(pgbouncer_database_url)) as first, first.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
@@ -362,17 +372,28 @@ def test_behind_pgbouncer_a_session_s_set_and_temporary_table_never_reach_anothe
         # One transaction each (autocommit): the server connection goes back to PgBouncer's pool after each.
         cursor.execute("SET statement_timeout = '4321ms'")
         cursor.execute("CREATE TEMP TABLE spider_job AS SELECT 'forged' AS job")
+        cursor.execute("LISTEN scrapyd_pgqueue_jobs")
+        cursor.execute("SELECT pg_advisory_lock(4242)")
 
     def on_the_same_server():
         """The next client's transaction on the server connection the first client used (PgBouncer reuses the
-        most recently released one): what it finds of the first client's session."""
-        with contextlib.closing(connect(pgbouncer_database_url)) as second, second.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid(), current_setting('statement_timeout'), "
-                           "to_regclass('pg_temp.spider_job') IS NOT NULL")
-            [(pid, timeout, temporary)] = cursor.fetchall()
-        return (timeout, temporary) if pid == server else None
+        most recently released one): what it finds of the first client's session, the advisory locks Postgres
+        shows for that server connection, and what it is told of a NOTIFY sent while it holds it."""
+        with contextlib.closing(connect(pgbouncer_database_url)) as second:
+            second.autocommit = False
+            with second.cursor() as cursor:
+                cursor.execute(LEFT_BY_A_SESSION)
+                [(pid, timeout, temporary, channels)] = cursor.fetchall()
+                if pid != server:
+                    return None
+                # A schedule's NOTIFY: a server connection still listening would pass it on at this commit.
+                query(database_url, "NOTIFY scrapyd_pgqueue_jobs, 'example'")
+            second.commit()
+            second.poll()
+            return timeout, temporary, channels, query(database_url, ADVISORY_LOCKS_OF, (server,))[0][0], second.notifies
 
-    assert wait_for(on_the_same_server, 10, "a transaction on the first client's server connection") == ("0", False)
+    assert wait_for(on_the_same_server, 10, "a transaction on the first client's server connection") == (
+        "0", False, [], 0, [])
 
 
 def test_a_spider_that_links_its_log_to_a_node_s_file_gets_it_neither_stored_nor_served(database_url, start_cluster,

@@ -29,13 +29,23 @@ SERVER_SETTINGS = {
 }
 
 # What PgBouncer runs on a server connection after every transaction (server_reset_query_always = 1): DISCARD ALL but
-# its DISCARD PLANS, so a session's SET, temporary table, advisory lock or prepared statement never reaches another
-# client while the claim function keeps its plan (a one-job claim: 0.33 ms median against 0.80 ms with DISCARD ALL
-# and 0.30 ms with no reset, 3,000 claims each through PgBouncer in one run).
+# its DISCARD PLANS, so a session's SET, temporary table, LISTEN, advisory lock or prepared statement never reaches
+# another client while the claim function keeps its plan (a one-job claim: 0.33 ms median against 0.80 ms with
+# DISCARD ALL and 0.30 ms with no reset, 3,000 claims each through PgBouncer in one run). A node's own sessions leave
+# nothing that matters, but anyone on the node role's URL through PgBouncer (an operator's psql) shares the nodes'
+# server connections. The price, one server transaction per statement (3 against 2: bench/pgbouncer_reset.py), is
+# kept; docs/how-to/pgbouncer.md weighs it.
 SERVER_RESET_QUERY = (
     "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
     "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
 )
+# The pooling policy of the suite's PgBouncer, as docker-compose.yml and the chart ship it (tests check they agree).
+PGBOUNCER_SETTINGS = {
+    "pool_mode": "transaction",
+    "ignore_startup_parameters": "extra_float_digits",
+    "server_reset_query": SERVER_RESET_QUERY,
+    "server_reset_query_always": "1",
+}
 
 
 def free_port() -> int:
@@ -225,10 +235,12 @@ class LocalPgBouncer:
     Every database of that server, even one created later, is reachable through it under the same name (a
     wildcard entry), so a client swaps only host and port (``url``, ``url_for``). Postgres sees at most
     ``pool_size`` connections per database from it. Like production PgBouncer it refuses the ``options``
-    startup parameter.
+    startup parameter. ``settings`` are written into its ``[pgbouncer]`` section over ``PGBOUNCER_SETTINGS``, e.g.
+    ``{"server_reset_query_always": "0"}`` (the bench compares them).
     """
 
-    def __init__(self, server_url: str, *, pool_size: int = 20, max_client_conn: int = 2000, port: int | None = None):
+    def __init__(self, server_url: str, *, pool_size: int = 20, max_client_conn: int = 2000, port: int | None = None,
+                 settings: dict[str, str] | None = None):
         from sqlalchemy import make_url
 
         self.binary = pgbouncer_binary()
@@ -245,27 +257,17 @@ class LocalPgBouncer:
         # PgBouncer logs in to the server with the password its auth_file gives the user.
         self.passwords = {"postgres": "", self.server.username or "postgres": self.server.password or ""}
         self._write_users()
-        self.config.write_text(f"""[databases]
-* = host={self.server.host or '127.0.0.1'} port={self.server.port or 5432}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {self.port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {self.base / 'users.txt'}
-admin_users = postgres
-stats_users = postgres
-pool_mode = transaction
-default_pool_size = {pool_size}
-max_db_connections = {pool_size}
-max_client_conn = {max_client_conn}
-ignore_startup_parameters = extra_float_digits
-server_reset_query = {SERVER_RESET_QUERY}
-server_reset_query_always = 1
-logfile = {self.logfile}
-pidfile = {self.pidfile}
-""")
+        self.settings = {
+            "listen_addr": "127.0.0.1", "listen_port": str(self.port), "unix_socket_dir": "", "auth_type": "trust",
+            "auth_file": str(self.base / "users.txt"), "admin_users": "postgres", "stats_users": "postgres",
+            "default_pool_size": str(pool_size), "max_db_connections": str(pool_size),
+            "max_client_conn": str(max_client_conn), **PGBOUNCER_SETTINGS,
+            "logfile": str(self.logfile), "pidfile": str(self.pidfile), **(settings or {}),
+        }
+        self.config.write_text(
+            f"[databases]\n* = host={self.server.host or '127.0.0.1'} port={self.server.port or 5432}\n\n[pgbouncer]\n"
+            + "".join(f"{key} = {value}\n" for key, value in self.settings.items())
+        )
         if self._as_postgres:
             for path in [self.base, *self.base.iterdir()]:
                 shutil.chown(path, "postgres", "postgres")
