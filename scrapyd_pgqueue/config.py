@@ -103,6 +103,13 @@ def _number(kind):
     return parse
 
 
+def _count(name: str, text: str) -> int:
+    count = _number(int)(name, text)
+    if count < 0:
+        raise ConfigurationError(f"'{name}' must be 0 or more, not {text!r}")
+    return count
+
+
 def _switch(name: str, text: str) -> bool:
     value = text.lower()
     if value not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
@@ -184,10 +191,18 @@ class Settings:
     node_tags: tuple[str, ...] = option(
         "", "The node's tags, comma-separated: it claims only jobs whose required tags (_tags, a spider's route) it "
         "all has.", NODE, variable="SCRAPYD_NODE_TAGS", parse=_tags)
+    max_nodes: int = option(
+        "10000", "The most nodes the scrapyd_pgqueue_wanted_nodes gauge of /metrics answers: your autoscaler's "
+        "maximum replica count. The gauge reads waiting jobs up to that many nodes' worth.", NODE)
     poll_interval: float = option(
         "5", "Seconds between two polls of the queue: the floor under NOTIFY and delayed jobs' timers.", LEASES)
     listen_notify: bool = option(
         "on", "Whether the node listens for NOTIFY to start jobs at once; polling stays as the floor.", LEASES)
+    listen_slots: int = option(
+        "8", "How many nodes of the cluster LISTEN at once (the same on every node): a node takes a free slot while it "
+        "wants work and gives it up when busy; the others poll. Before Postgres 19 each NOTIFY interrupts every "
+        "listening session, so a few listeners keep schedule.json fast whatever the cluster's size; 0: every node "
+        "polls.", LEASES, parse=_count)
     heartbeat_interval: float = option("5", "Seconds between two renewals of the node's lease.", LEASES)
     lease_seconds: float = option(
         "30", "Seconds without a heartbeat after which any live node recovers a node's running jobs.", LEASES)
@@ -346,7 +361,8 @@ def settings(config=None) -> Settings:
     for name in ("dead_to_keep", "tree_max_jobs", "max_runtime", "stall_timeout", "start_timeout"):
         if (getattr(result, name) or 0) < 0:
             raise ConfigurationError(f"'{name}' may not be negative")
-    for name in ("database_pool_size", "warm_processes", "max_request_bytes", "max_egg_bytes", "max_workers"):
+    for name in ("database_pool_size", "warm_processes", "max_request_bytes", "max_egg_bytes", "max_workers",
+                 "max_nodes"):
         if getattr(result, name) < 1:
             raise ConfigurationError(f"'{name}' must be at least 1")
     for name in ("stats_interval", "cancel_timeout", "webhook_timeout", "webhook_backoff", "webhook_backoff_max"):

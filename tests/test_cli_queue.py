@@ -86,6 +86,7 @@ def test_status_of_an_empty_queue(database_url):
         "troubled": [],
         "recovered": [],
         "unroutable": [],
+        "listening": [],
         "warnings": [],
     }
     assert "Pending: 0" in run(database_url, "status").stdout

@@ -268,6 +268,7 @@ def test_the_listener_hears_postgres_directly_and_falls_back_to_polling_behind_p
     heard = []
     direct = notifications.Listener(database_url, JobStore.for_url(database_url).notify)
     direct.subscribe("test_channel", heard.append)
+    direct.want_slot(True)  # as a node's poller asks while the node wants work: only a slot's holder LISTENs
     direct.start()
     bounced = notifications.Listener(pgbouncer_database_url, JobStore.for_url(pgbouncer_database_url).notify)
     bounced.start()
@@ -554,3 +555,37 @@ def test_0016_upgrades_populated_nodes_which_then_count_as_wanting_work_until_th
     assert query(database_url, wanting) == [(1,)]
     _migrate_to(database_url, "0013", down=True)
     assert query(database_url, "SELECT count(*) FROM scrapyd_node") == [(500,)]
+
+
+def test_0022_upgrades_a_populated_queue_whose_wanted_nodes_pass_1000_and_whose_scaler_keeps_its_rights(
+    database_url, admin_connection
+):
+    _migrate_to(database_url, "0021")
+    query(database_url, """
+        INSERT INTO spider_job (project, spider, job, status, run_at, created_time, pool)
+        SELECT 'p', 's', 'job-' || i, (ARRAY['pending', 'delayed', 'terminated'])[1 + i %% 3],
+               now() + CASE WHEN i %% 2 = 0 THEN interval '-1 minute' ELSE interval '1 hour' END, now(),
+               CASE WHEN i %% 5 = 0 THEN 'browser' ELSE '' END
+        FROM generate_series(1, %s) AS i
+    """, (9000,))
+    scaler = f"scaler_{uuid.uuid4().hex[:8]}"  # roles belong to the whole server
+    with admin_connection.cursor() as cursor:  # docs/how-to/kubernetes.md's scaler role, as granted before 0022
+        cursor.execute(f"CREATE ROLE {scaler} LOGIN PASSWORD 'scaler-pw'")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO {scaler}")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer, text[]) TO {scaler}")
+    scaler_url = make_url(database_url).set(username=scaler, password="scaler-pw").render_as_string(False)
+    # 3,000 pending jobs and the 1,500 delayed ones already due; 3,600 of them require no tag.
+    asked = ("SELECT scrapyd_pgqueue_wanted_nodes(1)", "SELECT scrapyd_pgqueue_wanted_nodes(1, ARRAY['eu'])")
+    assert [query(scaler_url, statement) for statement in asked] == [[(1000,)], [(1000,)]]
+
+    _migrate_to(database_url, "0022")
+
+    assert [query(scaler_url, statement) for statement in asked] == [[(4500,)], [(3600,)]]
+    assert query(scaler_url, "SELECT scrapyd_pgqueue_wanted_nodes(1, 2000), "
+                             "scrapyd_pgqueue_wanted_nodes(1, ARRAY['browser'], 4000)") == [(2000, 4000)]
+    assert query(database_url, "SELECT p.oid::regprocedure::text FROM pg_proc AS p "
+                               "WHERE p.proname = 'scrapyd_pgqueue_wanted_nodes' "
+                               "AND has_function_privilege('public', p.oid, 'EXECUTE')") == []
+    _migrate_to(database_url, "0021", down=True)
+    assert [query(scaler_url, statement) for statement in asked] == [[(1000,)], [(1000,)]]
+    assert query(database_url, "SELECT count(*) FROM spider_job") == [(9000,)]

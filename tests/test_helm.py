@@ -27,6 +27,7 @@ from sqlalchemy import make_url
 
 from helpers import image_pinned, jobs, query, runs, runs_of, schedule, wait_for
 from scrapyd_pgqueue.database import db
+from scrapyd_pgqueue.local import devdb
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CHART = REPOSITORY / "deploy" / "helm" / "scrapyd-pgqueue"
@@ -335,7 +336,9 @@ def test_the_scaled_object_asks_the_wanted_nodes_of_max_proc_slots_from_zero_and
     assert spec["minReplicaCount"] == 0
     [trigger] = spec["triggers"]
     assert trigger["type"] == "postgresql"
-    assert trigger["metadata"]["query"] == f"SELECT scrapyd_pgqueue_wanted_nodes({chart_conf(docs)['max_proc']})"
+    # Up to the chart's maxReplicaCount: KEDA never asks for more nodes than it may have.
+    assert trigger["metadata"]["query"] == (
+        f"SELECT scrapyd_pgqueue_wanted_nodes({chart_conf(docs)['max_proc']}, {spec['maxReplicaCount']})")
     assert trigger["metadata"]["targetQueryValue"] == "1"
     assert trigger["metadata"]["activationTargetQueryValue"] == "0"
     assert "password" not in trigger["metadata"]
@@ -357,6 +360,9 @@ def test_behind_pgbouncer_the_nodes_statements_are_pooled_but_listen_and_keda_go
     bouncer = env_of(one(docs, "Deployment", "rel-scrapyd-pgqueue-pgbouncer")["spec"]["template"]["spec"][
         "containers"][0])
     assert bouncer["SERVER_TLS_SSLMODE"]["value"] == "require" and bouncer["POOL_MODE"]["value"] == "transaction"
+    # The reset after every transaction, as the compose file and the test suite's PgBouncer run it.
+    assert (bouncer["SERVER_RESET_QUERY"]["value"], bouncer["SERVER_RESET_QUERY_ALWAYS"]["value"]) == (
+        devdb.SERVER_RESET_QUERY, "1")
     one(docs, "Service", "rel-scrapyd-pgqueue-pgbouncer")
     metadata = one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]
     assert (metadata["host"], metadata["port"]) == ("postgres.databases.svc.cluster.local", "5432")
@@ -380,9 +386,12 @@ def test_the_scaler_s_query_answers_on_a_real_database_for_a_role_with_execute_o
     scaler_role = f"keda_scaler_{uuid.uuid4().hex[:8]}"  # roles belong to the whole server, shared by the tests
     with admin_connection.cursor() as cursor:  # the scaler role docs/how-to/kubernetes.md describes
         cursor.execute(f"CREATE ROLE {scaler_role} LOGIN PASSWORD 'scaler-pw'")
-        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer) TO {scaler_role}")
-    scaler = make_url(database_url).set(username=scaler_role, password="scaler-pw")
-    assert query(scaler.render_as_string(False), metadata["query"]) == [(3,)]  # 17 jobs, 8 slots a node
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION scrapyd_pgqueue_wanted_nodes(integer, integer) TO {scaler_role}")
+    scaler = make_url(database_url).set(username=scaler_role, password="scaler-pw").render_as_string(False)
+    assert query(scaler, metadata["query"]) == [(3,)]  # 17 jobs, 8 slots a node
+    query(database_url, "INSERT INTO spider_job (project, spider, job, status, run_at, created_time) "
+                        "SELECT 'p', 's', 'more' || i, 'pending', now(), now() FROM generate_series(1, 300) AS i")
+    assert query(scaler, metadata["query"]) == [(30,)]  # 40 nodes' work, the values' maxReplicaCount 30
 
 
 # --- scale-in without lost work ------------------------------------------------------------------------------------
@@ -440,7 +449,7 @@ def test_two_pools_render_a_deployment_budget_and_scaled_object_each_that_scale_
             name, *bounds)
         wanted = scaled["triggers"][0]["metadata"]["query"]
         listed = f"'{tags}'" if tags else ""
-        assert wanted == f"SELECT scrapyd_pgqueue_wanted_nodes({slots}, ARRAY[{listed}]::text[])"
+        assert wanted == f"SELECT scrapyd_pgqueue_wanted_nodes({slots}, ARRAY[{listed}]::text[], {bounds[1]})"
         # The query runs as written: 3 jobs without tags and 5 requiring browser.
         db.get_engine(database_url).dispose()
         if pool == "plain":

@@ -100,39 +100,51 @@ def autovacuum_warning(tables: list[str]) -> str:
 
 def run_status(args) -> int:
     from scrapyd_pgqueue.database import db
+
+    status = read_status(args)
+    if args.json:
+        print_json(status)
+        return 0
+    print(f"Queue in {db.describe(args.database_url)}")
+    for warning in status["warnings"]:
+        print(f"\nWarning: {warning}")
+    print_waiting(status)
+    print_running(status)
+    print_ended(status)
+    return 0
+
+
+def read_status(args) -> dict:
+    """The queue at a glance, as ``status --json`` prints it."""
     from scrapyd_pgqueue.store import PENDING_COUNT_CAP
+    from scrapyd_pgqueue.store.listen_slots import ListenSlotHolders
     from scrapyd_pgqueue.store.maintenance import tables_without_autovacuum
     from scrapyd_pgqueue.store.pools import PoolStore
 
     store = all_jobs_store(args)
     pending = store.pending_by_spider()
     queue = store.counts_by_spider(args.past_due_seconds)
-    totals = {key: sum(group[key] for group in queue) for key in QUEUE_COUNTS}
     running = store.running_jobs()
-    nodes = store.nodes(lease_seconds=args.lease_seconds, recent_seconds=RECENTLY_STOPPED_SECONDS)
     outcomes = store.outcome_counts()
-    troubled = store.troubled_jobs(TROUBLED_SHOWN)
-    recovered = store.recovered_jobs(TROUBLED_SHOWN)
-    unroutable = PoolStore.for_engine(store.engine).unroutable(args.lease_seconds, PENDING_COUNT_CAP)
-    warnings = [autovacuum_warning(tables)] if (tables := tables_without_autovacuum(store.engine)) else []
-    if args.json:
-        print_json({
-            "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
-            "queue": {"totals": totals, "by_spider": queue},
-            "running": {"total": len(running), "jobs": running},
-            "nodes": nodes,
-            "finished": {"total": sum(outcomes.values()), "by_outcome": outcomes},
-            "troubled": troubled,
-            "recovered": recovered,
-            "unroutable": unroutable,
-            "warnings": warnings,
-        })
-        return 0
+    tables = tables_without_autovacuum(store.engine)
+    return {
+        "pending": {"total": sum(group["pending"] for group in pending), "by_spider": pending},
+        "queue": {"totals": {key: sum(group[key] for group in queue) for key in QUEUE_COUNTS}, "by_spider": queue},
+        "running": {"total": len(running), "jobs": running},
+        "nodes": store.nodes(lease_seconds=args.lease_seconds, recent_seconds=RECENTLY_STOPPED_SECONDS),
+        "finished": {"total": sum(outcomes.values()), "by_outcome": outcomes},
+        "troubled": store.troubled_jobs(TROUBLED_SHOWN),
+        "recovered": store.recovered_jobs(TROUBLED_SHOWN),
+        "unroutable": PoolStore.for_engine(store.engine).unroutable(args.lease_seconds, PENDING_COUNT_CAP),
+        "listening": [{"slot": holder.slot, "node": holder.node}
+                      for holder in ListenSlotHolders.for_engine(store.engine).holders()],
+        "warnings": [autovacuum_warning(tables)] if tables else [],
+    }
 
-    print(f"Queue in {db.describe(args.database_url)}")
-    for warning in warnings:
-        print(f"\nWarning: {warning}")
-    print(f"\nPending: {sum(group['pending'] for group in pending)}")
+
+def print_waiting(status: dict) -> None:
+    pending, totals, queue = status["pending"]["by_spider"], status["queue"]["totals"], status["queue"]["by_spider"]
+    print(f"\nPending: {status['pending']['total']}")
     if pending:
         print(table(["PROJECT", "SPIDER", "PENDING", "OLDEST"],
                     [(g["project"], g["spider"], g["pending"], when(g["oldest"])) for g in pending]))
@@ -141,6 +153,13 @@ def run_status(args) -> int:
         print(f"\nBy spider: {counted}")
         print(table(["PROJECT", "SPIDER", *(key.upper().replace("_", " ") for key in QUEUE_COUNTS)],
                     [(g["project"], g["spider"], *(g[key] for key in QUEUE_COUNTS)) for g in queue]))
+    if unroutable := status["unroutable"]:
+        print(f"\nUnroutable (pending, requiring tags no live node has): {sum(pool.jobs for pool in unroutable)}")
+        print(table(["TAGS", "PENDING"], [(",".join(pool.tags), pool.jobs) for pool in unroutable]))
+
+
+def print_running(status: dict) -> None:
+    running, nodes, listening = status["running"]["jobs"], status["nodes"], status["listening"]
     print(f"\nRunning: {len(running)}")
     if running:
         print(table(["NODE", "PROJECT", "SPIDER", "JOB", "PID", "STARTED"],
@@ -150,11 +169,14 @@ def run_status(args) -> int:
         print(table(["NODE", "STATE", "RUNNING", "MAX_PROC", "LAST HEARTBEAT", "URL", "TAGS"],
                     [(n.name, n.state, n.running, n.max_proc, f"{n.heartbeat_age:.1f}s ago", n.url, ",".join(n.tags))
                      for n in nodes]))
-    if unroutable:
-        print(f"\nUnroutable (pending, requiring tags no live node has): {sum(pool.jobs for pool in unroutable)}")
-        print(table(["TAGS", "PENDING"], [(",".join(pool.tags), pool.jobs) for pool in unroutable]))
+    holders = ", ".join(f"{holder['node'] or '?'} (slot {holder['slot']})" for holder in listening)
+    print(f"\nListening (listen slots held; the other nodes poll): {len(listening)}{': ' if holders else ''}{holders}")
+
+
+def print_ended(status: dict) -> None:
+    outcomes, troubled, recovered = status["finished"]["by_outcome"], status["troubled"], status["recovered"]
     by_outcome = ", ".join(f"{outcome} {count}" for outcome, count in outcomes.items())
-    print(f"\nFinished (kept): {sum(outcomes.values())}{f' ({by_outcome})' if by_outcome else ''}")
+    print(f"\nFinished (kept): {status['finished']['total']}{f' ({by_outcome})' if by_outcome else ''}")
     if troubled:
         print(f"\nFailed, lost, interrupted, dead, timed out or stalled (newest {TROUBLED_SHOWN}):")
         print(table(["PROJECT", "SPIDER", "JOB", "OUTCOME", "NODE", "ATTEMPTS", "ENDED", "REASON"],
@@ -164,7 +186,6 @@ def run_status(args) -> int:
         print(f"\nRecovered from a node that went away (claimed more than once; newest {TROUBLED_SHOWN}):")
         print(table(["PROJECT", "SPIDER", "JOB", "STATUS", "NODE", "ATTEMPTS"],
                     [(j.project, j.spider, j.job, j.status, j.node, j.attempts) for j in recovered]))
-    return 0
 
 
 # --- requeue, cancel, prune --------------------------------------------------------------------------------------

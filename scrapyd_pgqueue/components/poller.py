@@ -114,8 +114,11 @@ class PostgresPoller:
     def say_whether_wanting(self) -> None:
         """Tell the cluster, when it changes, whether this node wants work (free slots left after a claim): a new job
         sends a NOTIFY only while some node does. A node that starts wanting claims once more after saying so, since
-        a job enqueued between its claim and its word woke nobody."""
+        a job enqueued between its claim and its word woke nobody. The node's listener holds a listen slot (it
+        LISTENs) only meanwhile."""
         wants = self.accepting and bool(self.dq.waiting) and self.hears_notify()
+        if self.settings.listen_notify:
+            notifications.listener_for(self.settings).want_slot(wants)
         if wants == self.wants_work:
             return
         self.wants_work = wants
@@ -175,5 +178,7 @@ class PostgresPoller:
     def stop(self):
         """Stop claiming (graceful shutdown); notifications are then ignored."""
         self.accepting = False
+        if self.listening and self.settings.listen_notify:
+            notifications.listener_for(self.settings).want_slot(False)  # handed on before the node is gone
         if self.periodic is not None:
             self.periodic.stop()

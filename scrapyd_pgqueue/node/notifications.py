@@ -11,6 +11,11 @@ transaction``) cannot give: the LISTEN lands on whichever server connection serv
 connecting the listener proves that it hears a NOTIFY sent through the node's pool; if it does not, the node runs
 poll-only (said once) and listens no more; its connection still carries the lease's statements. ``listen_url``
 points the listener (and so the lease) straight at Postgres.
+
+Only a node that holds a listen slot LISTENs (``store/listen_slots.py``): the poller asks for one while the node
+wants work (``want_slot``), and this thread takes a free one on its session (trying again every ``slot_retry``
+seconds while none is free), LISTENs on every channel, and gives it up, UNLISTEN first, when the node no longer
+wants work. A node without a slot hears nothing: its polls and its tick are its floor, as for a poll-only node.
 """
 
 from __future__ import annotations
@@ -20,14 +25,19 @@ import logging
 import os
 import select
 import threading
+import time
 import uuid
 
 from scrapyd_pgqueue.database import db
 from scrapyd_pgqueue.database.sql import listen_statement
 from scrapyd_pgqueue.database.throttled_log import ThrottledLog
+from scrapyd_pgqueue.store.listen_slots import give_up_listen_slot, take_listen_slot
+from scrapyd_pgqueue.web import metrics
 
 log = logging.getLogger(__name__)
 
+# Stop listening on every channel: at its commit the session leaves Postgres's list of listeners.
+UNLISTEN_ALL = "UNLISTEN *"
 PROBE_WAIT = 3.0  # seconds to hear our own NOTIFY before concluding LISTEN does not work through this URL
 MAX_BACKOFF = 5.0
 
@@ -40,9 +50,15 @@ class Listener(threading.Thread):
     waits. Notifications that arrive during a borrowed statement are read by it; its return wakes this thread.
     """
 
-    def __init__(self, url: str, send_notify, node_name: str = "", timeout: float = db.DEFAULT_TIMEOUT):
+    def __init__(self, url: str, send_notify, node_name: str = "", timeout: float = db.DEFAULT_TIMEOUT, *,
+                 slots: int = 8, slot_retry: float = 5.0):
         super().__init__(name="pgqueue-listener", daemon=True)
         self.url = url
+        self.slots, self.slot_retry = slots, slot_retry  # listen_slots; seconds between two tries while none is free
+        self.slot: int | None = None  # the listen slot this session holds: it LISTENs only then
+        self.slot_wanted = False
+        self.next_slot_try = 0.0  # time.monotonic()
+        self.probing = False
         self.engine = db.session_engine(url, node_name, timeout)
         self.send_notify = send_notify  # send_notify(channel, payload) through the node's pool: the probe
         self.lock = threading.Lock()
@@ -66,6 +82,15 @@ class Listener(threading.Thread):
             if on_reconnect is not None:
                 self.reconnect_callbacks.append(on_reconnect)
 
+    def want_slot(self, wanted: bool) -> None:
+        """Any thread: whether the node wants work, and so a listen slot (taken or given up on this thread)."""
+        if wanted == self.slot_wanted:
+            return
+        self.slot_wanted = wanted
+        if wanted:
+            self.next_slot_try = 0.0
+        self._wake()
+
     def stop(self) -> None:
         self.stopping.set()
         self._wake()
@@ -83,6 +108,7 @@ class Listener(threading.Thread):
                     continue
                 except Exception as e:  # noqa: BLE001 - any failure: the next checkout reconnects
                     self.connected.clear()
+                    self._lost_slot()  # the server frees a lost session's lock
                     self.trouble.report(
                         f"notification listener on {db.describe(self.url)} lost its connection ({db.first_line(e)}); "
                         "reconnecting", key="lost",
@@ -91,6 +117,17 @@ class Listener(threading.Thread):
                     backoff = min(backoff * 2, MAX_BACKOFF)
         finally:
             self.engine.checkin_listeners.remove(self._wake_if_heard)
+            self._hand_slot_on()
+
+    def _hand_slot_on(self) -> None:
+        """Stopping: give the slot up now, for a node that wants work (the session, which the lease may still use,
+        stays open). If the database cannot be reached, the session's end frees it."""
+        self.slot_wanted = False
+        if self.slot is None:
+            return
+        with contextlib.suppress(Exception), db.deadline(1.0), self.engine.connect() as connection:
+            if connection.driver_connection is self.session:
+                self._settle_slot(connection)
 
     def _probe(self) -> bool:
         """On the first connection: does LISTEN work through this URL? If not, say so once and listen no more."""
@@ -105,12 +142,14 @@ class Listener(threading.Thread):
         return False
 
     def _wait_and_dispatch(self) -> None:
-        """LISTEN on a new connection (and tell subscribers of a reconnect), hand out what arrived, then wait (the
-        connection free for the lease) until something is readable or a borrowed statement read a notification."""
-        payloads, reconnected = self._read()
+        """Take or give up the listen slot, LISTEN (and tell subscribers of a reconnect or a slot taken: they missed
+        what was sent meanwhile), hand out what arrived, then wait (the connection free for the lease) until
+        something is readable or a borrowed statement read a notification."""
+        payloads, reconnected, taken = self._read()
         self._hand_out(payloads)
         if reconnected:
             self.trouble.clear("lost")
+        if reconnected or taken:
             for callback in list(self.reconnect_callbacks):
                 callback()
         self.connected.set()
@@ -120,24 +159,52 @@ class Listener(threading.Thread):
         if self.wake_reader in readable:
             os.read(self.wake_reader, 4096)
 
-    def _read(self) -> tuple[list, bool]:
-        """On the session connection, held briefly: LISTEN on channels not yet listened on there, and take the
-        notifications that arrived. ``reconnected``: the connection is not the one listened on before."""
+    def _read(self) -> tuple[list, bool, bool]:
+        """On the session connection, held briefly: take or give up the listen slot, LISTEN on channels not yet
+        listened on there while it holds one, and take the notifications that arrived. ``reconnected``: the
+        connection is not the one of before; ``taken``: a slot was taken now."""
         with db.deadline(db.CONNECT_TIMEOUT), self.engine.connect() as connection:
             session = connection.driver_connection
             reconnected = self.session is not None and session is not self.session
             if session is not self.session:
                 self.session, self.listening = session, set()
+                self._lost_slot()
+                self.next_slot_try = 0.0
+            taken = self._settle_slot(connection)
+            if self.probing and self.probe_channel not in self.listening:
                 self._listen(session, self.probe_channel)
-            with self.lock:
-                new = [channel for channel in self.callbacks if channel not in self.listening]
-            for channel in new:
-                self._listen(session, channel)
+            if self.slot is not None:
+                with self.lock:
+                    new = [channel for channel in self.callbacks if channel not in self.listening]
+                for channel in new:
+                    self._listen(session, channel)
             session.poll()
             payloads = []
             while session.notifies:
                 payloads.append(session.notifies.pop(0))
-            return payloads, reconnected
+            return payloads, reconnected, taken
+
+    def _settle_slot(self, connection) -> bool:
+        """Take a free slot while the node wants work (one try per ``slot_retry`` seconds), give it up (and stop
+        listening) once it does not. Whether one was taken now."""
+        if self.slot is None and self.slot_wanted and not self.probing and time.monotonic() >= self.next_slot_try:
+            self.next_slot_try = time.monotonic() + self.slot_retry
+            self.slot = take_listen_slot(connection, self.slots)
+            if self.slot is None:
+                return False
+            metrics.LISTENING.set(1)
+            return True
+        if self.slot is not None and not self.slot_wanted:
+            connection.execute(UNLISTEN_ALL)  # first: a session that listens on nothing is no longer signalled
+            self.listening = set()
+            give_up_listen_slot(connection, self.slot)
+            self._lost_slot()
+        return False
+
+    def _lost_slot(self) -> None:
+        if self.slot is not None:  # a node that never held one does not build the metrics for it
+            self.slot = None
+            metrics.LISTENING.set(0)
 
     def _listen(self, connection, channel: str) -> None:
         with connection.cursor() as cursor:
@@ -145,18 +212,27 @@ class Listener(threading.Thread):
         self.listening.add(channel)
 
     def _hears_itself(self) -> bool:
-        """Send a NOTIFY through the node's pool and wait for it here: a direct session hears it at once."""
-        self._read()
-        token = uuid.uuid4().hex
-        self.send_notify(self.probe_channel, token)
-        waited = 0.0
-        while waited < PROBE_WAIT:
-            select.select([self.session, self.wake_reader], [], [], 0.25)
-            waited += 0.25
-            payloads, _ = self._read()
-            if token in self._hand_out(payloads):
-                return True
-        return False
+        """Send a NOTIFY through the node's pool and wait for it here: a direct session hears it at once. The
+        probe's channel is UNLISTENed after: a session that listens on nothing is not signalled by NOTIFYs."""
+        self.probing = True
+        try:
+            self._read()
+            token = uuid.uuid4().hex
+            self.send_notify(self.probe_channel, token)
+            waited = 0.0
+            while waited < PROBE_WAIT:
+                select.select([self.session, self.wake_reader], [], [], 0.25)
+                waited += 0.25
+                payloads, _, _ = self._read()
+                if token in self._hand_out(payloads):
+                    return True
+            return False
+        finally:
+            self.probing = False
+            with db.deadline(db.CONNECT_TIMEOUT), self.engine.connect() as connection:
+                if connection.driver_connection is self.session:
+                    connection.execute(UNLISTEN_ALL)
+                    self.listening = set()
 
     def _hand_out(self, notifies) -> list[str]:
         """Give each notification to its channel's callbacks; return the payloads of probes."""
@@ -165,6 +241,7 @@ class Listener(threading.Thread):
             if notify.channel == self.probe_channel:
                 probes.append(notify.payload)
                 continue
+            metrics.NOTIFICATIONS_HEARD.labels(notify.channel).inc()
             with self.lock:
                 callbacks = list(self.callbacks.get(notify.channel, ()))
             for callback in callbacks:
@@ -197,6 +274,7 @@ def listener_for(settings) -> Listener:
         listener = _listeners.get(url)
         if listener is None:
             listener = _listeners[url] = Listener(url, notify_through_pool(settings), settings.node_name,
-                                                  settings.database_timeout)
+                                                  settings.database_timeout, slots=settings.listen_slots,
+                                                  slot_retry=settings.poll_interval)
             listener.start()
         return listener

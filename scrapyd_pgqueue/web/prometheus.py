@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from scrapyd_pgqueue.database.db import DatabaseError
 from scrapyd_pgqueue.store import PENDING_COUNT_CAP, AllJobsStore, OverviewStore
 from scrapyd_pgqueue.store.frontier import FrontierStore
+from scrapyd_pgqueue.store.listen_slots import ListenSlotHolders
 from scrapyd_pgqueue.store.pools import PoolStore
 from scrapyd_pgqueue.web import metrics
 from scrapyd_pgqueue.web.page import ThreadedPage
@@ -50,9 +51,11 @@ CLUSTER_GAUGES = {
         ("project", "spider")),
     "scrapyd_pgqueue_frontier_in_flight_requests": ("Requests of those crawls held by their workers, by project and "
                                                     "spider.", ("project", "spider")),
+    "scrapyd_pgqueue_listening_nodes": ("Nodes that LISTEN now, a listen slot each (at most listen_slots); the "
+                                        "others poll.", ()),
     "scrapyd_pgqueue_wanted_nodes": (
         "Nodes of this node's max_proc the queue's work needs now: running jobs and due ones, within the spiders' "
-        "limits (what KEDA's ScaledObject asks); 0 when idle.", ()),
+        "limits (what KEDA's ScaledObject asks), at most max_nodes; 0 when idle.", ()),
 }
 # This node's gauges, labelled with its name and tags (comma-separated, sorted; '' for none).
 NODE_GAUGES = {
@@ -122,7 +125,8 @@ class ClusterCollector:
             unroutable.add_metric([",".join(pool.tags)], pool.jobs)
         yield unroutable
         yield from frontier_families(FrontierStore.for_settings(self.settings).open_crawls())
-        yield gauge("scrapyd_pgqueue_wanted_nodes", overview.wanted_nodes(self.slots))
+        yield gauge("scrapyd_pgqueue_listening_nodes", len(ListenSlotHolders.for_settings(self.settings).holders()))
+        yield gauge("scrapyd_pgqueue_wanted_nodes", overview.wanted_nodes(self.slots, self.settings.max_nodes))
 
 
 def frontier_families(crawls):
