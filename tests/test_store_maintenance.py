@@ -1,4 +1,5 @@
-"""The nodes' VACUUM of the queue table (store/maintenance.py), on a real Postgres."""
+"""The nodes' VACUUM of the queue table and the other tables they churn (store/maintenance.py), on a real Postgres
+and real nodes."""
 
 import contextlib
 import datetime
@@ -7,11 +8,16 @@ import uuid
 
 import pytest
 
-from helpers import connect, node_role, query, wait_for
+from helpers import connect, jobs, node_role, query, runs, schedule, wait_for
 from scrapyd_pgqueue.store import JobStore, QueueMaintenance
-from scrapyd_pgqueue.store.maintenance import MIN_DEAD_ROWS
+from scrapyd_pgqueue.store.maintenance import CHURNED_TABLES, MIN_DEAD_ROWS
 
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = 'spider_job'"
+# Each table's whole size on disk: heap, indexes and TOAST.
+TABLE_SIZES = "SELECT relname, pg_total_relation_size(relid) FROM pg_stat_user_tables WHERE relname = ANY(%s)"
+TABLE_VACUUMS = ("SELECT relname, n_live_tup, n_dead_tup, vacuum_count, autovacuum_count FROM pg_stat_user_tables "
+                 "WHERE relname = ANY(%s)")
+ROUND = 500  # jobs a round: the dead rows of a round or two reach a vacuum's threshold (MIN_DEAD_ROWS)
 
 
 @pytest.fixture
@@ -135,3 +141,29 @@ def test_the_other_tables_the_nodes_churn_are_vacuumed_in_the_same_turn_when_due
     [(dead, vacuums)] = query(database_url, node_stats)
     assert vacuums == 1 and dead < MIN_DEAD_ROWS
     assert query(database_url, STATS)[0][1] == queue_vacuums  # the queue had nothing to clear: left alone
+
+
+def test_real_nodes_keep_the_tables_they_churn_flat_with_autovacuum_off(database, start_cluster, tmp_path):
+    url, admin_url = database
+    JobStore.for_url(url)  # the schema, so that autovacuum can be turned off before the nodes start
+    with contextlib.closing(connect(admin_url)) as admin, admin.cursor() as cursor:
+        for table in CHURNED_TABLES:  # the server's autovacuum stays on for the rest; these are the nodes' alone
+            cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    nodes = start_cluster(url, 2, max_proc="6", vacuum_interval="1", finished_to_keep="40").nodes
+
+    def run_round(first: int) -> dict:
+        names = [f"churn{number:04}" for number in range(first, first + ROUND)]
+        for number, name in enumerate(names):
+            schedule(nodes[number % 2], name, seconds="0")
+        wait_for(lambda: {state[0] for state in jobs(admin_url, *names).values()} == {"terminated"}, 240,
+                 "the round's jobs to finish")
+        return {table: size for table, size in query(url, TABLE_SIZES, (list(CHURNED_TABLES),))}
+
+    run_round(0)  # the tables reach the size the kept jobs, the nodes and the vacuums' pace give them
+    settled = run_round(ROUND)
+    final = run_round(2 * ROUND)
+    print(f"bytes after {2 * ROUND} jobs: {settled}; after {3 * ROUND}: {final}")
+    print(f"(table, live, dead, vacuums, autovacuums): {query(url, TABLE_VACUUMS, (list(CHURNED_TABLES),))}")
+    assert len(runs(tmp_path)) == 3 * ROUND
+    for table in CHURNED_TABLES:  # a table left to itself grows by a round's dead rows each round
+        assert final[table] <= settled[table] * 1.25 + 8 * 8192, (table, settled[table], final[table])
