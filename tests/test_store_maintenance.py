@@ -17,7 +17,7 @@ STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname 
 TABLE_SIZES = "SELECT relname, pg_total_relation_size(relid) FROM pg_stat_user_tables WHERE relname = ANY(%s)"
 TABLE_VACUUMS = ("SELECT relname, n_live_tup, n_dead_tup, vacuum_count, autovacuum_count FROM pg_stat_user_tables "
                  "WHERE relname = ANY(%s)")
-ROUND = 500  # jobs a round: the dead rows of a round or two reach a vacuum's threshold (MIN_DEAD_ROWS)
+ROUND = 300  # jobs a round: the dead rows of a round or two reach a vacuum's threshold (MIN_DEAD_BYTES of job_log)
 
 
 @pytest.fixture

@@ -7,8 +7,9 @@ looks at the table once per ``autovacuum_naptime`` (a server setting, one minute
 tens of thousands of jobs between two passes, and the table and its indexes grow to hold them (measured: 11.8x the
 fresh size after a million jobs). The nodes that finish crawls make the dead rows, so they vacuum: at most once per
 ``vacuum_interval`` seconds in the cluster (one node's turn at a time: ``spider_job_maintenance``), when the dead
-rows are at least ``MIN_DEAD_ROWS`` and a tenth of the live ones (a vacuum reads the whole table and every index: a
-big backlog is vacuumed less often). The other tables the nodes rewrite a row of per tick or per job (the nodes'
+rows are a tenth of the live ones (a vacuum reads the whole table and every index: a big backlog is vacuumed less
+often) and at least ``MIN_DEAD_ROWS``, or fewer that take ``MIN_DEAD_BYTES`` (a job's stored log may take a
+megabyte: a thousand of them would be a gigabyte). The other tables the nodes rewrite a row of per tick or per job (the nodes'
 heartbeats, stored logs, trees, the webhooks' outbox, the frontier's requests) are vacuumed in the same turn, each
 when it is due by the same measure: a server with autovacuum off keeps them in bounds too. A node vacuums only the
 tables its role owns; a least-privilege node leaves them all to autovacuum (``scrapyd-pgqueue status`` warns when
@@ -37,6 +38,7 @@ from scrapyd_pgqueue.database.throttled_log import ThrottledLog
 log = logging.getLogger(__name__)
 
 MIN_DEAD_ROWS = 1000
+MIN_DEAD_BYTES = 1024 * 1024  # by the table's average row (heap, indexes and TOAST)
 MIN_INDEX_BYTES = 256 * 1024  # smaller indexes are not worth a rebuild
 REBUILD_ABOVE = 2.5  # times its entries packed (an estimate: a fresh table's indexes measure 1.1-1.8x of it)
 
@@ -46,16 +48,19 @@ REBUILD_ABOVE = 2.5  # times its entries packed (an estimate: a fresh table's in
 CHURNED_TABLES = ("spider_job", "job_log", "scrapyd_node", "spider_tree", "webhook_event", "crawl_request",
                   "crawl_slot")
 
-# Take the cluster's maintenance turn if one of :tables is due a vacuum, and name those that are: enough dead rows
-# (the statistics' count, a few seconds behind), no turn ended and no autovacuum of it within :interval seconds, and
-# a role that may vacuum it (the owner's; VACUUM would only warn); no turn running (one started an hour ago without
-# ending died with its node). The row lock makes it one node's turn: another node's UPDATE waits, then finds the row
-# changed and takes nothing.
+# Take the cluster's maintenance turn if one of :tables is due a vacuum, and name those that are: enough dead rows, or
+# of their bytes by the table's average row (the statistics' counts, a few seconds behind), no turn ended and no
+# autovacuum of it within :interval seconds, and a role that may vacuum it (the owner's; VACUUM would only warn); no
+# turn running (one started an hour ago without ending died with its node). The row lock makes it one node's turn:
+# another node's UPDATE waits, then finds the row changed and takes nothing.
 TAKE_TURN = text("""
     WITH due AS (
         SELECT s.relname FROM pg_stat_user_tables AS s JOIN pg_class AS c ON c.oid = s.relid
         WHERE s.schemaname = current_schema() AND s.relname = ANY(CAST(:tables AS text[]))
-          AND s.n_dead_tup >= greatest(:min_dead, s.n_live_tup / 10)
+          AND s.n_dead_tup >= s.n_live_tup / 10
+          AND (s.n_dead_tup >= :min_dead
+               OR CAST(s.n_dead_tup AS numeric) * pg_total_relation_size(s.relid)
+                  / nullif(s.n_live_tup + s.n_dead_tup, 0) >= :min_dead_bytes)
           AND coalesce(s.last_autovacuum < now() - make_interval(secs => :interval), true)
           AND pg_has_role(c.relowner, 'USAGE')
     )
@@ -149,7 +154,8 @@ class QueueMaintenance:
             return False
         try:
             self.next_check = time.monotonic() + self.interval
-            params = {"min_dead": MIN_DEAD_ROWS, "interval": self.interval, "tables": list(CHURNED_TABLES)}
+            params = {"min_dead": MIN_DEAD_ROWS, "min_dead_bytes": MIN_DEAD_BYTES, "interval": self.interval,
+                      "tables": list(CHURNED_TABLES)}
             with db.operation(self.engine), db.autocommit(self.engine) as connection:
                 due = connection.execute(TAKE_TURN, params).scalar()
             if due is None:
