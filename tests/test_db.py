@@ -273,10 +273,10 @@ def test_the_listener_hears_postgres_directly_and_falls_back_to_polling_behind_p
     bounced = notifications.Listener(pgbouncer_database_url, JobStore.for_url(pgbouncer_database_url).notify)
     bounced.start()
     try:
-        wait_for(direct.connected.is_set, 10, "the direct listener to connect")
+        wait_for(direct.connected.is_set, 30, "the direct listener to connect")
         JobStore.for_url(database_url).notify("test_channel", "hello")
         wait_for(lambda: heard == ["hello"], 5, "the notification")
-        wait_for(bounced.poll_only.is_set, 15, "the listener behind PgBouncer to give up LISTEN")
+        wait_for(bounced.poll_only.is_set, 30, "the listener behind PgBouncer to give up LISTEN")
         assert not direct.poll_only.is_set()
         # Poll-only listens no more: the listener ends just after it says so (its connection is the lease's now).
         wait_for(lambda: not bounced.is_alive(), 5, "the poll-only listener to end")

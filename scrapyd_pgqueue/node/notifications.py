@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 # Stop listening on every channel: at its commit the session leaves Postgres's list of listeners.
 UNLISTEN_ALL = "UNLISTEN *"
-PROBE_WAIT = 3.0  # seconds to hear our own NOTIFY before concluding LISTEN does not work through this URL
+# Seconds to hear our own NOTIFY before concluding LISTEN does not work through this URL: for good, so long enough
+# for a busy machine (a direct session hears it in milliseconds; the node polls meanwhile).
+PROBE_WAIT = 8.0
 MAX_BACKOFF = 5.0
 
 
