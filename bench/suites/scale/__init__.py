@@ -43,9 +43,12 @@ front of it. Everything is removed at the end, whatever happens.
    it has a free slot of its 2, ``claim_next_jobs(["example"], free, node=..., worker=...)``; for each claimed
    job ``mark_started``, a hold of HOLD_SECONDS (the "crawl"), then ``finish_job(..., claimed=..., worker=...)``
    and ``prune_terminated(100)`` (``PostgresJobStorage.add``), and a claim at once for the freed slot (as the
-   poller's ``next()``). Nodes run in ``sim_processes`` processes (multiprocessing spawn: the bench process
-   imports no reactor), each with a timer thread and a pool of ``sim_threads`` threads. The count steps up
-   (10, 100, 300, 1,000; quick: 10, 50) while a feeder thread of the bench enqueues a steady trickle of jobs
+   poller's ``next()``); after its first claim a node says once that it wants no work (``set_wants_work``: a
+   poll-only node hears no NOTIFY; ``python -m bench.scale_simulated --listen-slots 8`` gives each node a session
+   straight to Postgres that takes a listen slot while it wants work, ``slots.py``). Nodes run in
+   ``sim_processes`` processes (multiprocessing spawn: the bench process imports no reactor), each with a timer
+   thread and a pool of ``sim_threads`` threads. The count steps up (10, 100, 300, 1,000; quick: 10, 50) while
+   a feeder thread of the bench enqueues a steady trickle of jobs
    (``JobStore.enqueue`` through PgBouncer), and each step is measured over ``sim_window_seconds`` after
    ``sim_settle_seconds``: server transactions/s, client operations/s (the store calls of the simulated nodes and
    the feeder) and their ratio, backends (peak), PgBouncer's clients and waiting clients, claim latency (measured

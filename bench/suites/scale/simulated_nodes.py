@@ -75,9 +75,15 @@ class Feeder(threading.Thread):
         self.join(10)
 
 
-def _simulate(ctx: Context, sizes: Sizes) -> dict:
+def _simulate(ctx: Context, sizes: Sizes, listen_slots: int = 0, slot_retry: float | None = None) -> dict:
+    """The simulated series. ``listen_slots`` > 0: every simulated node also holds a session straight to Postgres
+    (``listen_url``), taking a listen slot while it wants work (one try per ``slot_retry``, default its
+    ``poll_interval``) and LISTENing while it holds one (``slots.py``); Postgres then takes one connection a node
+    more."""
     steps = sizes.sim_steps
-    servers = Servers(SIM_MAX_CONNECTIONS, max(REAL_MAX_CLIENT_CONN, max(steps) * POOL_SIZE + 200), ctx.log)
+    slot_retry = SIM_POLL_INTERVAL if slot_retry is None else slot_retry
+    max_connections = SIM_MAX_CONNECTIONS + (max(steps) + 50 if listen_slots else 0)
+    servers = Servers(max_connections, max(REAL_MAX_CLIENT_CONN, max(steps) * POOL_SIZE + 200), ctx.log)
     context = multiprocessing.get_context("spawn")
     processes, commands = [], []
     results = None
@@ -92,7 +98,8 @@ def _simulate(ctx: Context, sizes: Sizes) -> dict:
         parameters = {"poll_interval": SIM_POLL_INTERVAL, "heartbeat_interval": HEARTBEAT_INTERVAL,
                       "lease_seconds": LEASE_SECONDS, "max_attempts": MAX_ATTEMPTS, "max_proc": MAX_PROC,
                       "pool_size": POOL_SIZE, "hold_seconds": HOLD_SECONDS, "threads": sizes.sim_threads,
-                      "finished_to_keep": SIM_FINISHED_TO_KEEP}
+                      "finished_to_keep": SIM_FINISHED_TO_KEEP, "listen_slots": listen_slots,
+                      "slot_retry": slot_retry, "direct_url": servers.direct_url}
         for index in range(sizes.sim_processes):
             commands.append(context.Queue())
             process = context.Process(target=simulate, name=f"scale-sim-{index}",
@@ -133,6 +140,9 @@ def _simulate(ctx: Context, sizes: Sizes) -> dict:
         "processes": sizes.sim_processes,
         "threads_per_process": sizes.sim_threads,
         "jobs_per_second": sizes.sim_jobs_per_second,
+        "listen_slots": listen_slots,
+        "slot_retry": slot_retry if listen_slots else None,
+        "max_connections": max_connections,
         "feeder": {"enqueued": feeder.enqueued if feeder else 0, "errors": feeder.errors if feeder else 0,
                    "first_error": feeder.first_error if feeder else None},
         "pgbouncer_open_files": servers.fd_limit,
@@ -207,6 +217,7 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
         cursor.execute("SELECT count(*) FROM spider_job WHERE status = 'pending'")
         pending = cursor.fetchone()[0]
     merged = _merge_stats(stats.values())
+    holders = _slot_holders(servers)
     transactions = last_transactions - first_transactions - 1
     operations = sum(merged["operations"].values()) + enqueued
     nodes = sum(stat["nodes"] for stat in stats.values())
@@ -233,6 +244,12 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
         "claims_with_jobs": merged["claims_with_jobs"],
         "jobs_claimed": merged["jobs_claimed"],
         "jobs_finished": merged["jobs_finished"],
+        # listen slots: their holders at the window's end, what they heard, the statements on the direct sessions
+        "listen_slot_holders": len(holders),
+        "listen_slot_holders_distinct_nodes": len({holder.node for holder in holders}),
+        "notifications_heard": merged["heard"],
+        "direct_statements": sum(merged["operations"].get(kind, 0) for kind in DIRECT_KINDS),
+        "direct_statements_per_second": sum(merged["operations"].get(kind, 0) for kind in DIRECT_KINDS) / window,
         "errors": sum(merged["errors"].values()),
         "database_errors": merged["errors"].get("DatabaseError", 0),
         "errors_by_type": merged["errors"],
@@ -250,15 +267,32 @@ def _sim_window(servers, sampler, feeder, processes, commands, results, sizes) -
     }
 
 
+# The simulated nodes' statements on their direct sessions (listen slots), not through PgBouncer.
+DIRECT_KINDS = ("take_listen_slot", "listen", "unlisten", "give_up_listen_slot")
+
+
+def _slot_holders(servers) -> list:
+    """The listen slots held now (the product's reader of pg_locks), on a connection of the bench's."""
+    from scrapyd_pgqueue.database import db
+    from scrapyd_pgqueue.store.listen_slots import ListenSlotHolders
+
+    engine = db.get_engine(f"{servers.direct_url}?application_name=scale-holders", pool_size=1,
+                           migrate_schema=False, application_name="scale-holders", purpose="holders")
+    try:
+        return ListenSlotHolders(engine).holders()
+    finally:
+        engine.dispose()
+
+
 def _merge_stats(parts) -> dict:
     merged = {"operations": collections.Counter(), "claim_ms": [], "heartbeat_ms": [], "tick_late_ms": [],
-              "claims_with_jobs": 0, "jobs_claimed": 0, "jobs_finished": 0, "errors": collections.Counter(),
+              "claims_with_jobs": 0, "jobs_claimed": 0, "jobs_finished": 0, "heard": 0, "errors": collections.Counter(),
               "error_samples": [], "slow": collections.Counter()}
     for part in parts:
         merged["operations"].update(part["operations"])
         for key in ("claim_ms", "heartbeat_ms", "tick_late_ms", "error_samples"):
             merged[key] += part[key]
-        for key in ("claims_with_jobs", "jobs_claimed", "jobs_finished"):
+        for key in ("claims_with_jobs", "jobs_claimed", "jobs_finished", "heard"):
             merged[key] += part[key]
         merged["errors"].update(part["errors"])
         merged["slow"].update(part["slow"])

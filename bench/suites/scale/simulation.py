@@ -17,6 +17,7 @@ import traceback
 import uuid
 
 from bench.suites.scale.settings import PROJECT, SLOW_MS
+from bench.suites.scale.slots import SlotReader, SlotSession
 
 
 def simulate(index: int, url: str, parameters: dict, commands, results) -> None:
@@ -64,6 +65,7 @@ class Stats:
             self.operations = collections.Counter()
             self.claim_ms, self.heartbeat_ms, self.tick_late_ms = [], [], []
             self.claims_with_jobs = self.jobs_claimed = self.jobs_finished = 0
+            self.heard = 0  # notifications read by listen slot holders (series with listen slots)
             self.errors = collections.Counter()
             self.error_samples = []
             self.slow = collections.Counter()
@@ -83,7 +85,8 @@ class Stats:
                 "operations": dict(self.operations), "claim_ms": list(self.claim_ms),
                 "heartbeat_ms": list(self.heartbeat_ms), "tick_late_ms": list(self.tick_late_ms),
                 "claims_with_jobs": self.claims_with_jobs, "jobs_claimed": self.jobs_claimed,
-                "jobs_finished": self.jobs_finished, "errors": dict(self.errors), "slow": dict(self.slow),
+                "jobs_finished": self.jobs_finished, "heard": self.heard, "errors": dict(self.errors),
+                "slow": dict(self.slow),
                 "error_samples": list(self.error_samples),
             }
 
@@ -143,6 +146,7 @@ class Simulation:
         self.timer = Timer(parameters["threads"], self.stats)
         self.nodes: list[SimNode] = []
         self.random = random.Random()
+        self.reader = SlotReader(self.stats) if parameters.get("listen_slots") else None
 
     def add(self, numbers: list[int]) -> int:
         for number in numbers:
@@ -153,10 +157,14 @@ class Simulation:
 
     def stop(self) -> None:
         self.timer.stop()
+        if self.reader is not None:
+            self.reader.stop()
         for node in self.nodes:
             node.stopping = True
             with contextlib.suppress(Exception):
                 node.engine.dispose()
+            if node.session is not None:
+                node.session.close()
 
 
 class SimNode:
@@ -187,6 +195,12 @@ class SimNode:
         self.claim_again = False
         self.healthy_since = None
         self.stopping = False
+        self.wants_work = None  # as last said (scrapyd_node.wants_work); None: unsaid
+        # listen_url: a session straight to Postgres that takes a listen slot while the node wants work
+        self.session = None
+        if parameters.get("listen_slots"):
+            self.session = SlotSession(self, parameters["direct_url"], parameters["listen_slots"],
+                                       parameters["slot_retry"], simulation.reader)
         # A busy node's pool ends up holding all its connections (claims, heartbeats, web requests and finishes
         # overlap now and then, and nothing closes an idle pooled connection): open them all now.
         connections = []
@@ -281,10 +295,11 @@ class SimNode:
                 self.claim_again = True
                 return
             self.claiming = True
+        result = None
         try:
-            claim = self._timed("claim_next_jobs", self.store.claim_next_jobs, [PROJECT], free, node=self.name,
-                                worker=self.worker)
-            claimed = claim.jobs if claim else []
+            result = self._timed("claim_next_jobs", self.store.claim_next_jobs, [PROJECT], free, node=self.name,
+                                 worker=self.worker)
+            claimed = result.jobs if result else []
             now = datetime.datetime.now()
             with self.lock:
                 for claim in claimed:
@@ -302,6 +317,24 @@ class SimNode:
                 self.claiming = False
                 again, self.claim_again = self.claim_again, False
         if again:
+            self.timer.soon(lambda due: self.poll())
+        elif result is not None:
+            self.say_whether_wanting()
+
+    def say_whether_wanting(self) -> None:
+        """PostgresPoller.say_whether_wanting: a node wants work while it has a free slot and hears NOTIFY (poll-only
+        nodes never: they say so once, at their first claim); its listener holds a listen slot only meanwhile; a
+        node that starts wanting claims once more after saying so."""
+        with self.lock:
+            wants = self.session is not None and self.max_proc - len(self.running) > 0
+        if self.session is not None:
+            self.session.want(wants)
+        if wants == self.wants_work:
+            return
+        self.wants_work = wants
+        if self._timed("set_wants_work", self.store.set_wants_work, self.worker, wants, ok=True) is None:
+            self.wants_work = None  # said again after the next claim
+        elif wants:
             self.timer.soon(lambda due: self.poll())
 
     # PostgresJobStorage.add, then the slot asks for its next job at once (the poller's next()).
