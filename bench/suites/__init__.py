@@ -27,6 +27,7 @@ from bench.suites import (
     idlenode,
     notify,
     scale,
+    soak,
     throughput,
     tickstats,
     wakeup,
@@ -72,6 +73,8 @@ SUITES = [
     Suite("notify", notify),
     # Starts its own Postgres and PgBouncer, 100 real Scrapyd nodes twice and up to 1,000 simulated ones: last.
     Suite("scale", scale),
+    # Starts its own Postgres (autovacuum off) and 3 real nodes for 15 minutes, one SIGKILLed every 3: after scale.
+    Suite("soak", soak),
 ]
 
 SUITES_BY_NAME = {suite.name: suite for suite in SUITES}
