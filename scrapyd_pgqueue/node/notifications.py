@@ -194,7 +194,7 @@ class Listener(threading.Thread):
             self.slot = take_listen_slot(connection, self.slots)
             if self.slot is None:
                 return False
-            metrics.LISTENING.set(1)
+            metrics.listening = 1
             return True
         if self.slot is not None and not self.slot_wanted:
             connection.execute(UNLISTEN_ALL)  # first: a session that listens on nothing is no longer signalled
@@ -204,9 +204,9 @@ class Listener(threading.Thread):
         return False
 
     def _lost_slot(self) -> None:
-        if self.slot is not None:  # a node that never held one does not build the metrics for it
+        if self.slot is not None:
             self.slot = None
-            metrics.LISTENING.set(0)
+            metrics.listening = 0
 
     def _listen(self, connection, channel: str) -> None:
         with connection.cursor() as cursor:
@@ -221,10 +221,11 @@ class Listener(threading.Thread):
             self._read()
             token = uuid.uuid4().hex
             self.send_notify(self.probe_channel, token)
-            waited = 0.0
-            while waited < PROBE_WAIT:
-                select.select([self.session, self.wake_reader], [], [], 0.25)
-                waited += 0.25
+            deadline = time.monotonic() + PROBE_WAIT  # by the clock: a wake (want_slot) ends a select early
+            while time.monotonic() < deadline:
+                readable = select.select([self.session, self.wake_reader], [], [], 0.25)[0]
+                if self.wake_reader in readable:
+                    os.read(self.wake_reader, 4096)
                 payloads, _, _ = self._read()
                 if token in self._hand_out(payloads):
                     return True
@@ -243,7 +244,7 @@ class Listener(threading.Thread):
             if notify.channel == self.probe_channel:
                 probes.append(notify.payload)
                 continue
-            metrics.NOTIFICATIONS_HEARD.labels(notify.channel).inc()
+            metrics.notifications_heard[notify.channel] = metrics.notifications_heard.get(notify.channel, 0) + 1
             with self.lock:
                 callbacks = list(self.callbacks.get(notify.channel, ()))
             for callback in callbacks:
