@@ -72,4 +72,5 @@ def test_twenty_nodes_eight_listen_the_slots_pass_on_and_an_idle_cluster_starts_
     wait_for(lambda: killed not in holders(admin_url), 10, "the killed node's slot to be freed")
     wait_for(lambda: len(holders(admin_url)) == SLOTS, POLL + 5, "an idle node to take the killed node's slot")
     assert killed not in holders(admin_url) and busy not in holders(admin_url)
-    assert sum(value(scrape(node), "scrapyd_pgqueue_node_listening") for node in nodes if node.name != killed) == SLOTS
+    assert sum(value(scrape(node), "scrapyd_pgqueue_node_listening", node=node.name, tags="")
+               for node in nodes if node.name != killed) == SLOTS

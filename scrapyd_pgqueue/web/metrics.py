@@ -14,9 +14,12 @@ import threading
 
 # The node's metrics, in the order /metrics exports them.
 METRIC_NAMES = ("CLAIMS", "CRAWLS_STARTED", "CRAWLS_ENDED", "SCHEDULE_TO_START", "DATABASE_ERRORS", "ITEMS_SCRAPED",
-                "CRAWL_ERRORS", "STATS_LINES_DROPPED", "WEBHOOK_DELIVERIES", "FRONTIER_REQUESTS", "LISTENING",
-                "NOTIFICATIONS_HEARD")
+                "CRAWL_ERRORS", "STATS_LINES_DROPPED", "WEBHOOK_DELIVERIES", "FRONTIER_REQUESTS")
 _NAMES = ("REGISTRY", *METRIC_NAMES)
+# What the node's listener keeps as it goes (node/notifications.py), exported at each scrape (web/prometheus.py):
+# plain values, so that a node holding a listen slot that nobody scrapes does not import prometheus_client for them.
+listening = 0  # 1 while the node holds a listen slot
+notifications_heard: dict[str, int] = {}  # channel -> NOTIFYs heard
 _building = threading.Lock()  # the reactor and the web threads may count first at the same moment
 
 
@@ -31,7 +34,7 @@ def __getattr__(name: str):
 
 
 def _build() -> dict:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+    from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 
     disable_created_metrics()  # no *_created series: they double the exposition and no panel reads them
     registry = CollectorRegistry(auto_describe=True)
@@ -78,15 +81,6 @@ def _build() -> dict:
             "scrapyd_pgqueue_frontier_requests", "Frontier requests of the crawls this node ran, by project, spider "
             "and event (stored, duplicate: found again and dropped, leased, done, failed: past Scrapy's retries).",
             ["project", "spider", "event"], registry=registry,
-        ),
-        # From the node's listener (node/notifications.py): whether it holds one of the cluster's listen slots.
-        "LISTENING": Gauge(
-            "scrapyd_pgqueue_node_listening", "1 while this node holds a listen slot: it LISTENs, and a new job wakes "
-            "it at once; 0: it polls (poll_interval).", registry=registry,
-        ),
-        "NOTIFICATIONS_HEARD": Counter(
-            "scrapyd_pgqueue_notifications_heard", "NOTIFYs this node heard while it held a listen slot, by channel.",
-            ["channel"], registry=registry,
         ),
     }
     for outcome in ("delivered", "failed", "given_up"):

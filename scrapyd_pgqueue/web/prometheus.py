@@ -10,7 +10,7 @@ its own gauges (``scrapyd_pgqueue_node_info``, ``scrapyd_pgqueue_node_slots``), 
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from scrapyd_pgqueue.database.db import DatabaseError
 from scrapyd_pgqueue.store import PENDING_COUNT_CAP, AllJobsStore, OverviewStore
@@ -61,7 +61,12 @@ CLUSTER_GAUGES = {
 NODE_GAUGES = {
     "scrapyd_pgqueue_node_info": ("1, labelled with this node's name and tags.", ("node", "tags")),
     "scrapyd_pgqueue_node_slots": ("Crawls this node runs at once (max_proc).", ("node", "tags")),
+    "scrapyd_pgqueue_node_listening": ("1 while this node holds a listen slot: it LISTENs, and a new job wakes it at "
+                                       "once; 0: it polls (poll_interval).", ("node", "tags")),
 }
+# This node's counter of the NOTIFYs its listener heard, kept as a plain dict (metrics.notifications_heard).
+HEARD = ("scrapyd_pgqueue_notifications_heard", "NOTIFYs this node heard while it held a listen slot, by channel.",
+         ("channel",))
 
 
 def gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
@@ -81,6 +86,7 @@ def documented_metrics() -> list[tuple[str, str, str, tuple[str, ...]]]:
         suffix = "_total" if collector._type == "counter" else ""
         exported.append((collector._name + suffix, collector._type, collector._documentation,
                          tuple(collector._labelnames)))
+    exported.append((f"{HEARD[0]}_total", "counter", HEARD[1], HEARD[2]))
     for name, (documentation, labels) in {**NODE_GAUGES, **CLUSTER_GAUGES}.items():
         exported.append((name, "gauge", documentation, labels))
     return exported
@@ -153,6 +159,13 @@ def node_families(settings, slots: int):
     node_slots = gauge("scrapyd_pgqueue_node_slots")
     node_slots.add_metric(values, slots)
     yield node_slots
+    listening = gauge("scrapyd_pgqueue_node_listening")
+    listening.add_metric(values, metrics.listening)
+    yield listening
+    heard = CounterMetricFamily(HEARD[0], HEARD[1], labels=HEARD[2])
+    for channel, count in sorted(metrics.notifications_heard.copy().items()):
+        heard.add_metric([channel], count)
+    yield heard
 
 
 class MetricsPage(ThreadedPage):
