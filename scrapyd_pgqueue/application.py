@@ -50,7 +50,7 @@ def application(config):
     app = scrapyd_application(config)
     app.setComponent(IEnvironment, environment)  # Scrapyd's application builds its own, which no option names
     judge_requests_on_their_headers(app, config, settings)
-    spider_list.install(app, secrets, settings)
+    spider_list.install(app, secrets, settings, config.get("runner", "scrapyd.runner"))
     copy_writer.install(settings, secrets)
     return app
 

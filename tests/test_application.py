@@ -108,7 +108,7 @@ def test_an_idle_node_imports_no_sqlalchemy_alembic_or_prometheus_client(databas
     env = {"PYTHONPATH": os.pathsep.join([str(hooks), str(EXAMPLE_PROJECT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "MODULES_FILE": str(modules)}
     (node,) = start_cluster(database_url, 1, env=env).nodes
-    assert node.get("daemonstatus.json")["status"] == "ok"
+    node.wait_serving()
     assert node.get("listjobs.json")["status"] == "ok"
     wait_for(lambda: query(database_url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
                                          "AND query LIKE '%%claim_spider_jobs%%'", (db.application_name(node.name),))[0][0],
@@ -131,7 +131,7 @@ def test_the_explicit_form_s_services_answer_under_scrapyd_s_own_root(database_u
     """Named without a webroot, the cluster's services hang under Scrapyd's root, which has no settings of its own:
     they answer for the cluster all the same."""
     (node,) = start_cluster(database_url, 1, base_config=EXPLICIT_NODE).nodes
-    assert node.get("daemonstatus.json")["status"] == "ok"
+    node.wait_serving()
     listed = node.get("listjobs.json", project="example")
     assert listed["status"] == "ok" and listed["pending"] == [] and listed["finished"] == []
     assert node.get("listperiodic.json", project="example")["status"] == "ok"
@@ -165,7 +165,7 @@ def test_a_node_refuses_to_listen_beyond_loopback_without_a_password(database_ur
     credentials = {"SCRAPYD_USERNAME": "operator", "SCRAPYD_PASSWORD": "api-s3cret"}
     with LocalCluster(database_url, 1, directory=tmp_path / "closed", env={**everywhere, **credentials}) as cluster:
         (node,) = cluster.nodes  # its client sends the credentials
-        assert node.get("daemonstatus.json")["status"] == "ok"
+        node.wait_serving()
         with pytest.raises(urllib.error.HTTPError) as anonymous:
             urllib.request.urlopen(f"{node.url}daemonstatus.json", timeout=30)
         assert anonymous.value.code == 401

@@ -96,6 +96,8 @@ def run_cluster(args: argparse.Namespace) -> int:
             print(f"Warning: {cluster.crawls_as_root}", file=sys.stderr, flush=True)
         db.get_engine(url)  # migrate once, and fail early with a clear message
         cluster.start()
+        for node in cluster.nodes:
+            node.wait_serving()
         print(f"Database: {db.describe(url)}{' (throwaway)' if server else ''}")
         for node in cluster.nodes:
             print(f"  {node.name}: {node.url}   (log: {node.logfile})")

@@ -121,6 +121,15 @@ class ScrapydNode:
                     raise RuntimeError(f"node {self.name} not ready after {timeout}s:\n{self.log_tail()}") from None
                 time.sleep(0.1)
 
+    def wait_serving(self, timeout: float = 120.0) -> None:
+        """Until daemonstatus.json says ok: the node reaches the database and knows its projects' spiders (it lists
+        them as it starts), so that a first schedule is answered at its usual speed."""
+        deadline = time.monotonic() + timeout
+        while (answer := self.get("daemonstatus.json", timeout=5))["status"] != "ok":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {self.name} not serving after {timeout}s: {answer.get('message')}")
+            time.sleep(0.1)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
