@@ -1,6 +1,5 @@
 """The spiders of a deployed egg are listed once for the cluster (node/spider_list.py): a node that has just started
-checks a schedule against them at the cluster's usual speed, instead of running ``scrapy list`` first; a project baked
-into the node is listed before the node says it is ready (real nodes)."""
+checks a schedule against them at the cluster's usual speed, instead of running ``scrapy list`` first (real nodes)."""
 
 from __future__ import annotations
 
@@ -35,9 +34,10 @@ def test_a_node_that_just_started_checks_a_schedule_against_the_spiders_listed_o
     second.stop()
     second.start()
     second.wait_ready()
-    second.wait_serving()  # it lists its baked-in project (example) meanwhile
+    second.wait_serving()
+    time.sleep(1)  # the issue's measure: a schedule 1 s after the node is ready (it reads the spiders meanwhile)
     first_answers = []
-    for n in range(3):  # its first schedules, right after it is ready
+    for n in range(3):  # its first schedules
         seconds, answer = timed(second, "post", "schedule.json", project="deployed", spider="sleeper", seconds="0",
                                 jobid=f"fresh-{n}")
         assert answer["status"] == "ok", answer
@@ -48,34 +48,3 @@ def test_a_node_that_just_started_checks_a_schedule_against_the_spiders_listed_o
     refused = second.post("schedule.json", project="deployed", spider="nope")
     assert refused["status"] == "error" and "spider 'nope' not found" in refused["message"], refused
 
-
-def test_a_node_that_just_started_lists_its_baked_in_projects_spiders_before_it_says_it_is_ready(
-        database_url, start_cluster):
-    first, second = start_cluster(database_url, 2, max_proc="1").nodes  # the example project: baked in, no egg
-    first.wait_serving()
-    usual = []
-    for n in range(20):
-        seconds, answer = timed(first, "post", "schedule.json", project="example", spider="sleeper", seconds="0",
-                                jobid=f"usual-{n}")
-        assert answer["status"] == "ok", answer
-        usual.append(seconds)
-    p99 = statistics.quantiles(usual, n=100)[98]
-
-    second.stop()
-    second.start()
-    second.wait_ready()  # it answers; ready (status ok, what a readiness probe asks) once it has listed them
-    statuses = [second.get("daemonstatus.json")]
-    while statuses[-1]["status"] != "ok":
-        assert "starting: listing the spiders of" in statuses[-1]["message"], statuses[-1]
-        time.sleep(0.05)  # a readiness probe's pace, quickened
-        statuses.append(second.get("daemonstatus.json"))
-    first_answers = []
-    for n in range(3):
-        seconds, answer = timed(second, "post", "schedule.json", project="example", spider="sleeper", seconds="0",
-                                jobid=f"fresh-{n}")
-        assert answer["status"] == "ok", answer
-        first_answers.append(seconds)
-    print(f"schedule.json: usual p99 {p99 * 1000:.0f} ms; a node just ready, after {len(statuses) - 1} answers "
-          f"'starting': {[round(s * 1000) for s in first_answers]} ms")
-    assert len(statuses) > 1  # it did say it was not ready yet
-    assert max(first_answers) <= 2 * p99, (first_answers, p99)

@@ -122,8 +122,7 @@ class ScrapydNode:
                 time.sleep(0.1)
 
     def wait_serving(self, timeout: float = 120.0) -> None:
-        """Until daemonstatus.json says ok: the node reaches the database and knows its projects' spiders (it lists
-        them as it starts), so that a first schedule is answered at its usual speed."""
+        """Until daemonstatus.json says ok: the node reaches the database (a readiness probe's check)."""
         deadline = time.monotonic() + timeout
         while (answer := self.get("daemonstatus.json", timeout=5))["status"] != "ok":
             if time.monotonic() > deadline:

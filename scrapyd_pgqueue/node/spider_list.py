@@ -3,9 +3,9 @@ service asks) runs its subprocess as a crawl runs: through the node's spawner, u
 crawl's environment (``crawl_keys.crawl_environment``) and the sealed egg the node fetched (``SCRAPYD_PGQUEUE_EGG``):
 the subprocess holds no database URL to look it up itself. The spiders of a deployed egg are listed once for the whole
 cluster (``IEggFiles.listed_spiders``): a node that has just started checks a schedule against them at once, instead
-of starting Python to import the project first. As it starts, the node reads them for every deployed project (and
-fetches the egg into its cache), and lists the spiders of the projects baked into it ([settings], no egg); it says
-it is not ready (``daemonstatus.json``) until then, so that its first schedules wait for neither.
+of starting Python to import the project first. As it starts, the node reads them for every deployed project in a
+thread, fetching the egg into its cache, so that its first schedules wait for neither. A project baked into the node
+([settings], no egg) is listed by its first schedule, as in Scrapyd.
 Called in the web threads (the services answer off the reactor): fetching the egg may wait for the database.
 """
 
@@ -32,7 +32,6 @@ class NodeSpiderList(webservice.SpiderList):
     egg_files: IEggFiles | None = None  # the node's egg storage, when it fetches eggs into the node's cache
     secrets: frozenset[str] = frozenset()
     baked_in: dict[str, str] = {}  # [settings]: project -> settings module (its HOME is its own: no ~/.scrapy.cfg)
-    listing: set[str] = set()  # projects whose spiders the starting node is reading or listing still
     settings = None  # the node's: crawl_paths
 
     def set(self, project, version, *, runner):
@@ -78,7 +77,7 @@ class NodeSpiderList(webservice.SpiderList):
 
 
 def install(app, secrets, settings, runner: str) -> None:
-    """Make Scrapyd's one spider list (which its services and ours import by name) this node's, and list the baked-in
+    """Make Scrapyd's one spider list (which its services and ours import by name) this node's, and read the deployed
     projects' spiders once the reactor runs."""
     from twisted.internet import reactor
 
@@ -86,34 +85,21 @@ def install(app, secrets, settings, runner: str) -> None:
     NodeSpiderList.secrets = frozenset(secrets)
     NodeSpiderList.baked_in = dict(app.getComponent(IEnvironment).settings)
     NodeSpiderList.settings = settings
-    NodeSpiderList.listing = {*NodeSpiderList.baked_in, *([DEPLOYED] if NodeSpiderList.egg_files else [])}
     webservice.spider_list.__class__ = NodeSpiderList
-    if NodeSpiderList.listing:
-        reactor.callWhenRunning(reactor.callInThread, list_spiders_at_start, runner)
+    if NodeSpiderList.egg_files is not None:
+        reactor.callWhenRunning(reactor.callInThread, read_spiders_at_start, runner)
 
 
-DEPLOYED = "the deployed projects"  # in the list of those not listed yet, until the node has read their names
-
-
-def list_spiders_at_start(runner: str) -> None:
-    """In a thread: the spiders of each project, cached for the schedules to come (the newest version of a deployed
-    one). A project that cannot be listed is a schedule's error later (as in Scrapyd), not a node never ready."""
-    listing = NodeSpiderList.listing
-    if DEPLOYED in listing:
-        try:
-            listing.update(NodeSpiderList.egg_files.list_projects())
-        except Exception as e:  # noqa: BLE001 - a database away: its schedules read them when it is back
-            log.warn("Could not read the deployed projects to list their spiders: {error}", error=e)
-        listing.discard(DEPLOYED)
-    for project in sorted(listing.copy()):  # copy: a set is read whole only by a copy, atomic under the GIL
+def read_spiders_at_start(runner: str) -> None:
+    """In a thread: the spiders of each deployed project's newest egg, cached for the schedules to come. A project
+    that cannot be read is a schedule's error later (as in Scrapyd), not the node's."""
+    try:
+        projects = NodeSpiderList.egg_files.list_projects()
+    except Exception as e:  # noqa: BLE001 - a database away: its schedules read them when it is back
+        log.warn("Could not read the deployed projects to read their spiders: {error}", error=e)
+        return
+    for project in sorted(projects):
         try:
             webservice.spider_list.get(project, None, runner=runner)
-        except Exception as e:  # noqa: BLE001 - RunnerError, a refused egg, the spawner: said, and the node goes on
-            log.warn("Could not list the spiders of project {project}: {error}", project=project, error=e)
-        finally:
-            listing.discard(project)
-
-
-def still_listing() -> list[str]:
-    """The projects whose spiders the starting node has not listed yet: it is not ready until none."""
-    return sorted(NodeSpiderList.listing.copy())  # the starting thread discards from it meanwhile
+        except Exception as e:  # noqa: BLE001 - a refused egg, RunnerError: said, and the node goes on
+            log.warn("Could not read the spiders of project {project}: {error}", project=project, error=e)

@@ -35,7 +35,6 @@ from scrapyd_pgqueue.job_rules.job_requests import (
     options_from_fields,
 )
 from scrapyd_pgqueue.node import spawning
-from scrapyd_pgqueue.node.spider_list import still_listing
 from scrapyd_pgqueue.services.resource import DatabaseService, node_root, refuse
 from scrapyd_pgqueue.services.trees import cancel_tree
 from scrapyd_pgqueue.store import (
@@ -166,8 +165,7 @@ class DaemonStatus(DatabaseService):
     Answered within a second whatever the database does (health checks and probes read it): the counts are read in
     threads of their own (``web/offload.py``) with PROBE_SECONDS to answer, pool wait included. A database that does
     not answer in time gives Scrapyd's error (``status`` is not "ok": the node cannot serve the cluster's API) with
-    this node's ``running`` and ``"database": "unreachable"`` added. A node that has just started is not ready either
-    while it lists the spiders of its projects (``node/spider_list.py``): a schedule would wait for that.
+    this node's ``running`` and ``"database": "unreachable"`` added.
     """
 
     def render(self, txrequest):
@@ -198,8 +196,6 @@ class DaemonStatus(DatabaseService):
     def answer(self, outcome, txrequest, gone) -> None:
         if isinstance(outcome, dict):
             data = {**outcome, "status": "ok"}
-            if listing := still_listing():
-                data.update(status="error", message=f"starting: listing the spiders of {', '.join(listing)}")
             # What keeps a project's crawls from the node and from other projects (node/spawning.py).
             data["crawl_boundary"] = spawning.boundary().names()
         elif outcome.check(DatabaseError, defer.TimeoutError):  # TimeoutError: the probe threads were all busy
