@@ -59,6 +59,7 @@ def test_twenty_nodes_eight_listen_the_slots_pass_on_and_an_idle_cluster_starts_
         wait_for(lambda: len(holders(admin_url)) == SLOTS, POLL + 5, "the slots all held again")
 
     # A holder that gets busy gives its slot up, and an idle node takes it at its next poll.
+    listening = holders(admin_url)  # the quick crawls handed some slots on
     schedule(nodes[0], "long", seconds="30")
     wait_for(lambda: runs_of(tmp_path, "long"), 30, "the long crawl to run")
     busy = runs_of(tmp_path, "long")[0]["node"]
